@@ -1,0 +1,1 @@
+"""Agent-Reach platform: settings, URLs, the ASGI entry point and the run command."""

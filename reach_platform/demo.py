@@ -1,0 +1,60 @@
+"""The embedded demo: a tenant, an admin user and an API key, ready on first start."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.choices import ApiKeyScope, MembershipRole
+from tenants.models import ApiKey, Membership, Tenant
+from tenants.services import api_key_create
+
+DEMO_TENANT = "demo"
+DEMO_KEY_NAME = "demo (printed by the run command)"
+ADMIN_USERNAME = "admin"
+
+
+@dataclass(frozen=True)
+class DemoAccess:
+    tenant: Tenant
+    admin_username: str
+    admin_password: str
+    api_key: str
+
+
+@transaction.atomic
+def demo_setup() -> DemoAccess:
+    """Create or refresh the demo tenant, admin user and API key.
+
+    Passwords and keys cannot be read back from their hashes, so each start
+    issues fresh ones and revokes the previous demo key rather than storing
+    any plaintext on disk. ``REACH_ADMIN_PASSWORD`` pins the admin password.
+    """
+    tenant, _ = Tenant.objects.get_or_create(slug=DEMO_TENANT, defaults={"name": "Demo tenant"})
+    password = os.environ.get("REACH_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    user_model = get_user_model()
+    user, _ = user_model.objects.get_or_create(
+        username=ADMIN_USERNAME, defaults={"email": "admin@localhost"}
+    )
+    user.is_staff = user.is_superuser = user.is_active = True
+    user.set_password(password)
+    user.save()
+    Membership.objects.get_or_create(
+        tenant=tenant, user=user, defaults={"role": MembershipRole.ADMIN}
+    )
+    ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    issued = api_key_create(
+        tenant=tenant, name=DEMO_KEY_NAME,
+        scopes=[ApiKeyScope.INVOKE, ApiKeyScope.READ, ApiKeyScope.MANAGE],
+    )
+    return DemoAccess(
+        tenant=tenant, admin_username=ADMIN_USERNAME, admin_password=password,
+        api_key=issued.plaintext,
+    )

@@ -1,0 +1,155 @@
+"""The control plane's structured errors.
+
+Every error the REST API returns has one shape::
+
+    {"error": {"code": "...", "message": "...", "request_id": "...", "details": {...}?}}
+
+``details`` appears for validation errors and maps field paths to messages.
+HTML error pages are kept for the admin; everything else gets JSON, including
+Django's own 404 and 500 and a body that is not valid JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_default_handler
+
+from reach_platform import requestid
+
+logger = logging.getLogger(__name__)
+
+# DRF exception class -> our code. Looked up along the MRO so subclasses inherit.
+_CODES: dict[type[Exception], str] = {
+    exceptions.ParseError: "malformed_json",
+    exceptions.AuthenticationFailed: "unauthorized",
+    exceptions.NotAuthenticated: "unauthorized",
+    exceptions.PermissionDenied: "forbidden",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "rate_limited",
+    exceptions.ValidationError: "invalid_input",
+}
+
+
+def error_body(*, code: str, message: str, request_id: str, details=None) -> dict:
+    error = {"code": code, "message": message, "request_id": request_id}
+    if details is not None:
+        error["details"] = details
+    return {"error": error}
+
+
+def flatten_details(detail, prefix: str = "") -> dict[str, list[str]]:
+    """Turn DRF's nested error detail into ``{"field.sub[2].x": [messages]}``."""
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            path = key if not prefix else f"{prefix}.{key}"
+            if key == "non_field_errors" and not prefix:
+                path = "__all__"
+            out.update(flatten_details(value, path))
+    elif isinstance(detail, list) and detail and all(isinstance(d, (dict, list)) for d in detail):
+        for index, value in enumerate(detail):
+            if value:
+                out.update(flatten_details(value, f"{prefix}[{index}]"))
+    elif isinstance(detail, list):
+        out[prefix or "__all__"] = [str(d) for d in detail]
+    else:
+        out[prefix or "__all__"] = [str(detail)]
+    return out
+
+
+def _code_for(exc: Exception) -> str:
+    for klass in type(exc).__mro__:
+        if klass in _CODES:
+            return _CODES[klass]
+    if isinstance(exc, exceptions.APIException):
+        return exc.default_code if isinstance(exc.default_code, str) else "error"
+    return "error"
+
+
+def api_exception_handler(exc: Exception, context) -> Response | None:
+    """DRF hook: the same structured body for every API error."""
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_default_handler(exc, context)
+    if response is None:
+        return None
+    request = context.get("request")
+    rid = getattr(request, "request_id", None) or requestid.current.get()
+    code = _code_for(exc)
+    details = None
+    if isinstance(exc, exceptions.ValidationError):
+        details = flatten_details(exc.detail)
+        message = "; ".join(f"{path}: {' '.join(msgs)}" for path, msgs in details.items())
+    else:
+        detail = getattr(exc, "detail", None)
+        message = str(detail) if detail is not None else str(exc)
+        if code == "malformed_json":
+            message = f"Request body is not valid JSON: {message}"
+    response.data = error_body(code=code, message=message, request_id=rid, details=details)
+    return response
+
+
+def _json_error(request: HttpRequest, *, code: str, message: str, http_status: int):
+    rid = getattr(request, "request_id", None) or requestid.current.get()
+    return JsonResponse(
+        error_body(code=code, message=message, request_id=rid), status=http_status
+    )
+
+
+def _wants_html(request: HttpRequest) -> bool:
+    return request.path.startswith("/admin/")
+
+
+def page_not_found(request: HttpRequest, exception=None):
+    if _wants_html(request):
+        from django.views.defaults import page_not_found as html_404
+
+        return html_404(request, exception)
+    return _json_error(
+        request, code="not_found", message=f"No such path: {request.path}",
+        http_status=status.HTTP_404_NOT_FOUND,
+    )
+
+
+def server_error(request: HttpRequest):
+    if _wants_html(request):
+        from django.views.defaults import server_error as html_500
+
+        return html_500(request)
+    return _json_error(
+        request, code="internal_error",
+        message="The server failed to handle this request; it has been logged.",
+        http_status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
+
+
+def bad_request(request: HttpRequest, exception=None):
+    if _wants_html(request):
+        from django.views.defaults import bad_request as html_400
+
+        return html_400(request, exception)
+    return _json_error(
+        request, code="bad_request", message="The request could not be understood.",
+        http_status=status.HTTP_400_BAD_REQUEST,
+    )
+
+
+def permission_denied(request: HttpRequest, exception=None):
+    if _wants_html(request):
+        from django.views.defaults import permission_denied as html_403
+
+        return html_403(request, exception)
+    return _json_error(
+        request, code="forbidden", message="You may not do this.",
+        http_status=status.HTTP_403_FORBIDDEN,
+    )

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from reach_platform.demo import demo_setup
+
+
+class Command(BaseCommand):
+    help = "Migrate, prepare the demo tenant, and serve admin, API, docs and gateway with uvicorn."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--no-demo", action="store_true", help="Do not create or refresh the demo tenant."
+        )
+
+    def handle(self, *args, host: str, port: int, no_demo: bool, **options):
+        import uvicorn
+
+        call_command("migrate", interactive=False, verbosity=0)
+        base = f"http://{host}:{port}"
+        mode = "production" if settings.DATABASES["default"]["ENGINE"].endswith(
+            "postgresql"
+        ) else "embedded"
+        lines = [
+            f"Agent-Reach ({mode} mode) on {base}",
+            f"  admin:    {base}/admin/",
+            f"  API docs: {base}/api/docs/",
+            f"  gateway:  {base}/v1/",
+        ]
+        if not no_demo:
+            access = demo_setup()
+            lines += [
+                f"  admin login: {access.admin_username} / {access.admin_password}",
+                f"  API key for tenant '{access.tenant.slug}': {access.api_key}",
+                "  (both are new on every start; earlier demo keys are revoked)",
+            ]
+        self.stdout.write("\n".join(lines) + "\n")
+        self.stdout.flush()
+        uvicorn.run(
+            "reach_platform.asgi:application", host=host, port=port, log_level="info",
+            lifespan="off", proxy_headers=False,
+        )

@@ -1,0 +1,189 @@
+"""Settings for Agent-Reach.
+
+Nothing set in the environment means the embedded default: SQLite, in-process
+bus, in-process limits and scheduler. ``DATABASE_URL`` and ``REDIS_URL`` switch
+to PostgreSQL and Redis. Every value is read through django-environ, which raises
+``ImproperlyConfigured`` on a malformed value instead of guessing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+from reach_platform.envsecrets import fernet_key, secret_from_env_or_file, token_urlsafe_50
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DATA_DIR = Path(env.str("REACH_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+
+DEBUG = env.bool("REACH_DEBUG", default=False)
+
+SECRET_KEY = secret_from_env_or_file(
+    env_name="REACH_SECRET_KEY", path=DATA_DIR / "secret_key", generate=token_urlsafe_50
+)
+
+# Fernet keys for downstream credentials, comma separated: the first encrypts,
+# all decrypt, so a key can be rotated without re-encrypting at once.
+CREDENTIAL_KEYS = [
+    k.strip()
+    for k in secret_from_env_or_file(
+        env_name="REACH_CREDENTIAL_KEYS", path=DATA_DIR / "credential_keys", generate=fernet_key
+    ).split(",")
+    if k.strip()
+]
+
+ALLOWED_HOSTS = env.list("REACH_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("REACH_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "reach_platform",
+    "tenants",
+    "registry",
+    "metering",
+    "audit",
+]
+
+MIDDLEWARE = [
+    "reach_platform.middleware.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "reach_platform.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "reach_platform.asgi.application"
+
+DATABASES = {
+    "default": env.db_url(
+        "DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'reach.sqlite3'}"
+    )
+}
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("REACH_DB_CONN_MAX_AGE", default=0))
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # A readiness probe must answer quickly when PostgreSQL is away.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
+
+REDIS_URL = env.str("REDIS_URL", default="") or None
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Prefix for every Redis key the platform writes, so several deployments (or test
+# runs) can share one Redis server.
+REDIS_KEY_PREFIX = env.str("REACH_REDIS_KEY_PREFIX", default="reach:")
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "memory://")
+CELERY_TASK_ALWAYS_EAGER = False
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+# The embedded default serves admin and Swagger assets straight from the
+# installed apps; production may run collectstatic and turn this off.
+WHITENOISE_USE_FINDERS = env.bool("REACH_STATIC_USE_FINDERS", default=True)
+
+# Request bodies the control plane accepts (descriptors, schemas); the gateway
+# has its own, separate limits.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("REACH_API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.TenantPermission"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "reach_platform.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent-Reach control plane API",
+    "DESCRIPTION": (
+        "Register agents, manage tenants, keys, grants, credentials and quotas, and read usage. "
+        "Authenticate with `Authorization: Bearer <api key>`. Errors are always "
+        '`{"error": {"code", "message", "request_id"}}`.'
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_id": {"()": "reach_platform.middleware.RequestIdLogFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["request_id"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": env.str("REACH_LOG_LEVEL", default="INFO")},
+}
+
+# How often ApiKey.last_used_at is written: every authenticated request
+# writing a row would turn reads into writes.
+API_KEY_LAST_USED_RESOLUTION_SECONDS = 60

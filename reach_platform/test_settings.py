@@ -1,0 +1,26 @@
+"""Test settings: the in-process defaults made explicit, real services when the env names them.
+
+``.ci/run`` sets ``DATABASE_URL`` and ``REDIS_URL`` to the machine's PostgreSQL
+and Redis; without them the suite runs on SQLite and in-process parts.
+"""
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+from cryptography.fernet import Fernet
+
+os.environ.setdefault("REACH_DATA_DIR", tempfile.mkdtemp(prefix="reach-test-"))
+os.environ.setdefault("REACH_SECRET_KEY", "test-only-" + uuid.uuid4().hex)
+os.environ.setdefault("REACH_CREDENTIAL_KEYS", Fernet.generate_key().decode())
+# Every run writes under its own Redis prefix, so runs never see each other's keys.
+os.environ.setdefault("REACH_REDIS_KEY_PREFIX", f"reach-test-{uuid.uuid4().hex[:8]}:")
+
+from reach_platform.settings import *  # noqa: F403
+from reach_platform.settings import DATA_DIR
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+WHITENOISE_AUTOREFRESH = True
+STATIC_ROOT = Path(DATA_DIR) / "static"
+LOGGING["root"]["level"] = "WARNING"  # noqa: F405

@@ -1,0 +1,49 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from audit.api import AuditEntryViewSet
+from metering.api.views import UsageDailyViewSet, UsageEventViewSet
+from reach_platform import health
+from registry.api.views import AgentViewSet, CapabilityViewSet, InstanceViewSet, NamespaceViewSet
+from tenants.api.views import (
+    ApiKeyViewSet,
+    CredentialViewSet,
+    GrantViewSet,
+    QuotaViewSet,
+    TenantViewSet,
+)
+
+router = DefaultRouter()
+router.include_root_view = False
+router.register("tenants", TenantViewSet, basename="tenant")
+router.register("api-keys", ApiKeyViewSet, basename="api-key")
+router.register("grants", GrantViewSet, basename="grant")
+router.register("credentials", CredentialViewSet, basename="credential")
+router.register("quotas", QuotaViewSet, basename="quota")
+router.register("namespaces", NamespaceViewSet, basename="namespace")
+router.register("agents", AgentViewSet, basename="agent")
+router.register("capabilities", CapabilityViewSet, basename="capability")
+router.register("instances", InstanceViewSet, basename="instance")
+router.register("usage/events", UsageEventViewSet, basename="usage-event")
+router.register("usage/daily", UsageDailyViewSet, basename="usage-daily")
+router.register("audit", AuditEntryViewSet, basename="audit-entry")
+
+admin.site.site_header = "Agent-Reach operations"
+admin.site.site_title = "Agent-Reach"
+admin.site.index_title = "Operations console"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+]
+
+handler400 = "reach_platform.errors.bad_request"
+handler403 = "reach_platform.errors.permission_denied"
+handler404 = "reach_platform.errors.page_not_found"
+handler500 = "reach_platform.errors.server_error"

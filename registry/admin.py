@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+
+from audit.models import AuditAction
+from reach_platform.admin_base import TenantScopedAdmin, audit_admin_write, badge
+from registry.choices import InstanceState
+from registry.models import Agent, Capability, Instance, Namespace
+from registry.services import instance_drain
+from tenants.principal import principal_for_request
+
+
+@admin.register(Namespace)
+class NamespaceAdmin(admin.ModelAdmin):
+    list_display = ["name", "description"]
+    search_fields = ["name"]
+
+    # Shared by every tenant: everyone with a tenant reads, superusers write.
+    def has_module_permission(self, request) -> bool:
+        principal = principal_for_request(request)
+        return principal.is_global or bool(principal.tenant_ids)
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return self.has_module_permission(request)
+
+    def has_add_permission(self, request) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+
+class CapabilityInline(admin.StackedInline):
+    model = Capability
+    extra = 0
+    show_change_link = True
+    fields = [
+        ("capability_id", "display_name", "kind", "version"),
+        "description", "keywords", ("timeout_ms", "qps", "burst"),
+        "input_schema", "output_schema",
+    ]
+    classes = ["collapse"]
+
+
+class InstanceInline(admin.TabularInline):
+    model = Instance
+    extra = 0
+    show_change_link = True
+    fields = ["endpoint", "reach_mode", "state", "health", "last_heartbeat_at", "lease_expires_at"]
+    readonly_fields = ["health", "last_heartbeat_at", "lease_expires_at"]
+
+    @admin.display(description="health")
+    def health(self, obj: Instance):
+        return badge(obj.health_tier) if obj.pk else "-"
+
+
+@admin.register(Agent)
+class AgentAdmin(TenantScopedAdmin):
+    list_display = [
+        "name", "namespace", "version", "protocol", "owner_tenant", "team", "internal_only",
+        "instances_health", "priority", "weight",
+    ]
+    list_filter = ["namespace", "protocol", "internal_only", "owner_tenant"]
+    list_select_related = ["namespace", "owner_tenant"]
+    search_fields = ["name", "description", "team", "capabilities__capability_id"]
+    inlines = [CapabilityInline, InstanceInline]
+    fieldsets = [
+        (None, {"fields": [
+            ("namespace", "name", "version"), "description", ("protocol", "schema_version"),
+            ("owner_tenant", "team"), "internal_only",
+        ]}),
+        ("Routing", {"fields": [("weight", "priority")]}),
+        ("Prices", {"fields": [("price_input_per_1k", "price_output_per_1k", "price_per_call")]}),
+        ("Connection pool", {"fields": [("pool_max_connections", "pool_idle_seconds")]}),
+    ]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            healthy_count=Count("instances", filter=Q(instances__state=InstanceState.HEALTHY)),
+            instance_count=Count("instances"),
+        )
+
+    @admin.display(description="instances")
+    def instances_health(self, obj: Agent):
+        if not obj.instance_count:
+            return badge("offline", "no instances")
+        state = "healthy" if obj.healthy_count == obj.instance_count else (
+            "unknown" if obj.healthy_count else "offline"
+        )
+        return badge(state, f"{obj.healthy_count}/{obj.instance_count} healthy")
+
+
+@admin.register(Capability)
+class CapabilityAdmin(TenantScopedAdmin):
+    list_display = ["capability_id", "display_name", "agent", "kind", "version", "timeout_ms"]
+    list_filter = ["kind", "agent__namespace"]
+    list_select_related = ["agent__namespace"]
+    search_fields = ["capability_id", "display_name", "description", "agent__name"]
+    autocomplete_fields = ["agent"]
+
+
+@admin.register(Instance)
+class InstanceAdmin(TenantScopedAdmin):
+    list_display = [
+        "agent", "endpoint", "reach_mode", "state_badge", "tier_badge", "load",
+        "last_heartbeat_at", "lease_expires_at",
+    ]
+    list_filter = ["state", "health_tier", "reach_mode", "agent__namespace"]
+    list_select_related = ["agent__namespace"]
+    search_fields = ["endpoint", "agent__name"]
+    autocomplete_fields = ["agent"]
+    readonly_fields = [
+        "health_tier", "lease_expires_at", "last_heartbeat_at", "cpu", "memory", "queue_depth",
+        "in_flight", "created_at",
+    ]
+    actions = ["drain"]
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj: Instance):
+        return badge(obj.state)
+
+    @admin.display(description="health tier", ordering="health_tier")
+    def tier_badge(self, obj: Instance):
+        return badge(obj.health_tier)
+
+    @admin.display(description="load")
+    def load(self, obj: Instance) -> str:
+        return f"cpu {obj.cpu:.0%} · mem {obj.memory:.0%} · queue {obj.queue_depth}"
+
+    @admin.action(description="Drain selected instances (no new calls)")
+    def drain(self, request, queryset):
+        principal = principal_for_request(request)
+        drained = 0
+        for instance in queryset.select_related("agent"):
+            if principal.can_manage(instance.agent.owner_tenant_id):
+                instance_drain(instance=instance)
+                audit_admin_write(request, instance, AuditAction.ACTION, None)
+                drained += 1
+        self.message_user(request, f"Draining {drained} instance(s).", messages.SUCCESS)

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator, URLValidator
+from django.db import models
+
+from reach_platform.scoping import TenantScopedQuerySet
+from registry.choices import CapabilityKind, HealthTier, InstanceState, Protocol, ReachMode
+
+capability_id_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9_.\-]{0,127}$",
+    "Lower-case letters, digits, '.', '_' and '-', starting with a letter or digit.",
+)
+name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$",
+    "Letters, digits, '.', '_' and '-', starting with a letter or digit.",
+)
+
+
+class Namespace(models.Model):
+    """Isolates agents (e.g. ``dev`` / ``prod``); reaching across one needs a grant."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Agent(models.Model):
+    tenant_path = "owner_tenant_id"
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.PROTECT, related_name="agents")
+    name = models.CharField(max_length=100, validators=[name_validator])
+    version = models.CharField(max_length=40, default="1.0.0")
+    description = models.TextField(blank=True)
+    protocol = models.CharField(max_length=16, choices=Protocol, default=Protocol.HTTP)
+    owner_tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="agents"
+    )
+    team = models.CharField(max_length=100, blank=True)
+    internal_only = models.BooleanField(
+        default=False, help_text="Reachable only by tenants and networks allowed for it."
+    )
+    weight = models.PositiveIntegerField(default=100, help_text="Routing weight, relative.")
+    priority = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)],
+        help_text="Priority tier: 1 is used before 2 while any of tier 1 is healthy.",
+    )
+    price_input_per_1k = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal(0),
+        help_text="Price per 1,000 input tokens.",
+    )
+    price_output_per_1k = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal(0),
+        help_text="Price per 1,000 output tokens.",
+    )
+    price_per_call = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    pool_max_connections = models.PositiveIntegerField(default=64)
+    pool_idle_seconds = models.PositiveIntegerField(default=90)
+    schema_version = models.PositiveSmallIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["namespace__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["namespace", "name"], name="agent_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace_id and self.namespace.name}/{self.name}"
+
+
+class Capability(models.Model):
+    tenant_path = "agent__owner_tenant_id"
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="capabilities")
+    capability_id = models.CharField(max_length=128, validators=[capability_id_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    keywords = models.JSONField(default=list, blank=True)
+    input_schema = models.JSONField(default=dict, blank=True)
+    output_schema = models.JSONField(default=dict, blank=True)
+    timeout_ms = models.PositiveIntegerField(default=30_000, validators=[MinValueValidator(1)])
+    qps = models.PositiveIntegerField(null=True, blank=True)
+    burst = models.PositiveIntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=16, choices=CapabilityKind, default=CapabilityKind.SYNC)
+    version = models.CharField(max_length=40, default="1.0.0")
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["capability_id"]
+        verbose_name_plural = "capabilities"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "capability_id"], name="capability_unique_per_agent"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.capability_id
+
+    def clean(self) -> None:
+        if not isinstance(self.keywords, list) or not all(
+            isinstance(k, str) for k in self.keywords
+        ):
+            raise ValidationError({"keywords": "Must be a list of strings."})
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        errors = {}
+        for field in ("input_schema", "output_schema"):
+            try:
+                Draft202012Validator.check_schema(getattr(self, field) or {})
+            except SchemaError as exc:
+                errors[field] = f"Not a valid JSON Schema: {exc.message}"
+        if errors:
+            raise ValidationError(errors)
+
+
+class Instance(models.Model):
+    tenant_path = "agent__owner_tenant_id"
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="instances")
+    # A CharField, not URLField: the form field of URLField guesses a scheme.
+    endpoint = models.CharField(
+        max_length=500, validators=[URLValidator(schemes=["http", "https"])],
+        help_text="Base URL of this instance, e.g. http://10.0.0.5:8080/",
+    )
+    reach_mode = models.CharField(max_length=16, choices=ReachMode, default=ReachMode.DIRECT)
+    state = models.CharField(max_length=16, choices=InstanceState, default=InstanceState.HEALTHY)
+    health_tier = models.CharField(
+        max_length=16, choices=HealthTier, default=HealthTier.HEALTHY
+    )
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    cpu = models.FloatField(default=0.0, help_text="0..1")
+    memory = models.FloatField(default=0.0, help_text="0..1")
+    queue_depth = models.PositiveIntegerField(default=0)
+    in_flight = models.PositiveIntegerField(default=0)
+    # Capability ids this instance serves now; empty means all of the agent's.
+    capabilities_available = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["agent_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "endpoint"], name="instance_unique_endpoint")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent.name} @ {self.endpoint}"

@@ -1,0 +1,1 @@
+"""The router: plain Python over an immutable RouteTable. No Django imports here."""

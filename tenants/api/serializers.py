@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from reach_platform.serializers import (
+    CleanModelSerializer,
+    ScopedPrimaryKeyField,
+    ScopedSlugField,
+    TenantDefault,
+)
+from registry.models import Agent, Capability
+from tenants.choices import ApiKeyScope
+from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
+
+
+def tenant_field() -> ScopedSlugField:
+    return ScopedSlugField(
+        slug_field="slug", queryset=Tenant.objects.all(), default=TenantDefault(),
+        help_text="Tenant slug; defaults to the caller's tenant when it has only one.",
+    )
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "slug", "is_active", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    tenant = tenant_field()
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiKeyScope.choices), allow_empty=False,
+        default=lambda: [ApiKeyScope.INVOKE],
+    )
+    status = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id", "tenant", "name", "prefix", "scopes", "expires_at", "revoked_at",
+            "last_used_at", "created_at", "status",
+        ]
+        read_only_fields = ["id", "prefix", "revoked_at", "last_used_at", "created_at"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["active", "revoked", "expired"]))
+    def get_status(self, obj: ApiKey) -> str:
+        return obj.status()
+
+
+class ApiKeyIssuedSerializer(ApiKeySerializer):
+    key = serializers.CharField(
+        read_only=True, help_text="The key itself. Shown in this response only; store it now."
+    )
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class GrantSerializer(CleanModelSerializer):
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Tenant.objects.filter(is_active=True),
+        help_text="The tenant that may reach the agent or capability (the grantee).",
+    )
+    agent = ScopedPrimaryKeyField(queryset=Agent.objects.all(), required=False, allow_null=True)
+    capability = ScopedPrimaryKeyField(
+        queryset=Capability.objects.all(), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = Grant
+        fields = ["id", "tenant", "agent", "capability", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class CredentialSerializer(CleanModelSerializer):
+    """``secret`` is write-only: responses say where the secret comes from, never what it is."""
+
+    tenant = tenant_field()
+    agent = ScopedPrimaryKeyField(queryset=Agent.objects.all())
+    secret = serializers.CharField(
+        write_only=True, required=False, allow_blank=False, max_length=8192,
+        trim_whitespace=False, style={"input_type": "password"},
+        help_text="The downstream secret; stored encrypted. Omit to keep the stored one.",
+    )
+    has_secret = serializers.BooleanField(read_only=True)
+    secret_source = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Credential
+        fields = [
+            "id", "tenant", "agent", "kind", "field_name", "secret", "value_env",
+            "client_cert_path", "client_key_path", "has_secret", "secret_source",
+            "created_at", "updated_at",
+        ]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if attrs.get("secret") and attrs.get("value_env"):
+            raise serializers.ValidationError(
+                {"secret": "Give either a secret or value_env, not both."}
+            )
+        return attrs
+
+    def create(self, validated_data):
+        from tenants.services import credential_save
+
+        secret = validated_data.pop("secret", None)
+        return credential_save(credential=Credential(**validated_data), secret=secret)
+
+    def update(self, instance, validated_data):
+        from tenants.services import credential_save
+
+        secret = validated_data.pop("secret", None)
+        for name, value in validated_data.items():
+            setattr(instance, name, value)
+        return credential_save(credential=instance, secret=secret)
+
+
+class QuotaSerializer(CleanModelSerializer):
+    tenant = tenant_field()
+    agent = ScopedPrimaryKeyField(queryset=Agent.objects.all(), required=False, allow_null=True)
+    capability = ScopedPrimaryKeyField(
+        queryset=Capability.objects.all(), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = Quota
+        fields = [
+            "id", "tenant", "agent", "capability", "requests_per_minute", "burst",
+            "monthly_requests", "monthly_tokens", "monthly_cost", "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]

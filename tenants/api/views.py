@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from audit.models import AuditAction, AuditSource
+from audit.services import audit_record
+from reach_platform.api import TenantScopedViewSet
+from tenants.api.serializers import (
+    ApiKeyIssuedSerializer,
+    ApiKeySerializer,
+    CredentialSerializer,
+    GrantSerializer,
+    QuotaSerializer,
+    TenantSerializer,
+)
+from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
+from tenants.services import api_key_create, api_key_revoke
+
+
+class TenantViewSet(TenantScopedViewSet):
+    """Tenants you belong to. Creating and deleting tenants is for superusers."""
+
+    queryset = Tenant.objects.all()
+    serializer_class = TenantSerializer
+    lookup_field = "slug"
+
+    @property
+    def global_writes_only(self) -> bool:
+        return self.action in ("create", "destroy")
+
+
+class ApiKeyViewSet(TenantScopedViewSet):
+    """API keys: list, create, revoke. The plaintext appears once, in the response to create."""
+
+    queryset = ApiKey.objects.select_related("tenant")
+    serializer_class = ApiKeySerializer
+    # Keys are never edited or deleted: revocation keeps the row for the audit trail.
+    http_method_names = ["get", "post", "head", "options"]
+
+    @extend_schema(request=ApiKeySerializer, responses={201: ApiKeyIssuedSerializer})
+    @transaction.atomic
+    def create(self, request):
+        serializer = ApiKeySerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        if not self.principal.can_manage(data["tenant"].pk):
+            self.permission_denied(request, "You may not manage keys of that tenant.")
+        issued = api_key_create(
+            tenant=data["tenant"], name=data["name"], scopes=data["scopes"],
+            expires_at=data.get("expires_at"),
+        )
+        audit_record(
+            principal=self.principal, source=AuditSource.API, action=AuditAction.CREATE,
+            obj=issued.api_key, changes={"name": data["name"], "scopes": data["scopes"]},
+        )
+        body = ApiKeyIssuedSerializer(issued.api_key, context=self.get_serializer_context()).data
+        body["key"] = issued.plaintext
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: ApiKeySerializer})
+    @action(detail=True, methods=["post"])
+    @transaction.atomic
+    def revoke(self, request, pk=None):
+        api_key = self.get_object()
+        if not self.principal.can_manage(api_key.tenant_id):
+            self.permission_denied(request, "You may not manage keys of that tenant.")
+        api_key_revoke(api_key=api_key)
+        audit_record(
+            principal=self.principal, source=AuditSource.API, action=AuditAction.ACTION,
+            obj=api_key, changes={"revoked_at": api_key.revoked_at.isoformat()},
+        )
+        return Response(self.get_serializer(api_key).data)
+
+
+class GrantViewSet(TenantScopedViewSet):
+    """Grants: the agent's owner lets another tenant reach an agent or one capability."""
+
+    queryset = Grant.objects.select_related("tenant", "agent", "capability__agent")
+    serializer_class = GrantSerializer
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+
+class CredentialViewSet(TenantScopedViewSet):
+    """Downstream credentials. ``secret`` can be written, never read back."""
+
+    queryset = Credential.objects.select_related("tenant", "agent")
+    serializer_class = CredentialSerializer
+
+
+class QuotaViewSet(TenantScopedViewSet):
+    queryset = Quota.objects.select_related("tenant", "agent", "capability")
+    serializer_class = QuotaSerializer

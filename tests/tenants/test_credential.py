@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import pytest
+from cryptography.fernet import Fernet
+from django.test import override_settings
+
+from tenants import crypto
+from tenants.models import Credential
+from tenants.services import credential_reveal
+from tests import factories
+from tests.conftest import key_client
+
+SECRET = "sk-live-7Hq2vN9xPz0aB4cD"  # a value that must never come back out
+
+
+def test_encryption_round_trip_and_ciphertext_hides_the_value():
+    ciphertext = crypto.encrypt(SECRET)
+    assert SECRET.encode() not in ciphertext
+    assert crypto.decrypt(ciphertext) == SECRET
+    assert crypto.encrypt(SECRET) != ciphertext  # fresh IV every time
+
+
+def test_a_rotated_key_list_still_decrypts_old_ciphertext():
+    from django.conf import settings
+
+    old_ciphertext = crypto.encrypt(SECRET)
+    new_key = Fernet.generate_key().decode()
+    with override_settings(CREDENTIAL_KEYS=[new_key, *settings.CREDENTIAL_KEYS]):
+        assert crypto.decrypt(old_ciphertext) == SECRET
+        fresh = crypto.encrypt(SECRET)
+    with override_settings(CREDENTIAL_KEYS=[new_key]):
+        assert crypto.decrypt(fresh) == SECRET
+        with pytest.raises(crypto.CredentialDecryptError):
+            crypto.decrypt(old_ciphertext)
+
+
+@pytest.mark.django_db
+def test_stored_credential_round_trips_and_the_row_holds_no_plaintext(world):
+    cred = factories.credential(tenant=world.tenant_a, agent=world.agent_a, secret=SECRET)
+    row = Credential.objects.filter(pk=cred.pk).values().get()
+    assert all(SECRET not in str(v) for v in row.values())
+    assert SECRET.encode() not in bytes(row["secret_ciphertext"])
+    assert credential_reveal(credential=Credential.objects.get(pk=cred.pk)) == SECRET
+
+
+@pytest.mark.django_db
+def test_value_env_credentials_read_the_environment(world, monkeypatch):
+    monkeypatch.setenv("ALPHA_TRANSLATOR_TOKEN", SECRET)
+    cred = factories.credential(
+        tenant=world.tenant_a, agent=world.agent_a, secret=None, value_env="ALPHA_TRANSLATOR_TOKEN"
+    )
+    assert cred.secret_ciphertext is None
+    assert credential_reveal(credential=cred) == SECRET
+
+
+@pytest.mark.django_db
+def test_api_creates_and_updates_credentials_without_echoing_the_secret(world):
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    created = client.post(
+        "/api/v1/credentials/",
+        {"agent": world.agent_a.pk, "kind": "bearer", "secret": SECRET},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    assert SECRET not in created.content.decode()
+    assert created.json()["has_secret"] is True
+    assert created.json()["secret_source"] == "stored encrypted"
+    cred = Credential.objects.get(pk=created.json()["id"])
+    assert credential_reveal(credential=cred) == SECRET
+
+    rotated = "sk-live-rotated-000111"
+    patched = client.patch(
+        f"/api/v1/credentials/{cred.pk}/", {"secret": rotated}, format="json"
+    )
+    assert patched.status_code == 200 and rotated not in patched.content.decode()
+    cred.refresh_from_db()
+    assert credential_reveal(credential=cred) == rotated
+
+
+@pytest.mark.django_db
+def test_header_credentials_cannot_target_gateway_owned_headers(world):
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    response = client.post(
+        "/api/v1/credentials/",
+        {"agent": world.agent_a.pk, "kind": "header", "field_name": "X-Reach-Tenant",
+         "secret": SECRET},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "field_name" in response.json()["error"]["details"]
+    assert not Credential.objects.exists()
