@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -22,6 +22,12 @@ from rest_framework.views import exception_handler as drf_default_handler
 from reach_platform import requestid
 
 logger = logging.getLogger(__name__)
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "Request body is larger than this server accepts."
+    default_code = "payload_too_large"
+
 
 # DRF exception class -> our code. Looked up along the MRO so subclasses inherit.
 _CODES: dict[type[Exception], str] = {
@@ -80,6 +86,8 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge()
     response = drf_default_handler(exc, context)
     if response is None:
         return None

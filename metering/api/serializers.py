@@ -23,7 +23,7 @@ class UsageDailySerializer(serializers.ModelSerializer):
     class Meta:
         model = UsageDaily
         fields = [
-            "day", "tenant", "agent", "capability", "requests", "errors", "input_tokens",
+            "id", "day", "tenant", "agent", "capability", "requests", "errors", "input_tokens",
             "output_tokens", "cost", "latency_ms_total",
         ]
         read_only_fields = fields

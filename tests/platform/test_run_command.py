@@ -1,0 +1,82 @@
+"""The README's first command, as a new user meets it: a fresh data dir, real uvicorn."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.servers import free_port, platform_env, running
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    port = free_port()
+    log = tmp / "log"
+    # Embedded mode: no DATABASE_URL, no REDIS_URL, secrets generated into the data dir.
+    env = platform_env(tmp / "var")
+    for name in ("REACH_SECRET_KEY", "REACH_CREDENTIAL_KEYS"):
+        env.pop(name)
+    args = ["manage.py", "reach_run", "--port", str(port)]
+    with running(args, env=env, port=port, log=log) as base:
+        output = log.read_text()
+        yield base, output, tmp / "var"
+
+
+def _printed(output: str, pattern: str) -> str:
+    match = re.search(pattern, output)
+    assert match, output
+    return match.group(1)
+
+
+def test_it_prints_a_working_admin_login(first_run):
+    base, output, _ = first_run
+    password = _printed(output, r"admin login: admin / (\S+)")
+    with httpx.Client(base_url=base) as browser:
+        form = browser.get("/admin/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
+        done = browser.post(
+            "/admin/login/?next=/admin/",
+            data={"username": "admin", "password": password, "csrfmiddlewaretoken": token},
+            headers={"Referer": f"{base}/admin/login/"},
+        )
+        assert done.status_code == 302 and done.headers["location"] == "/admin/"
+        console = browser.get("/admin/")
+        assert console.status_code == 200 and "Operations console" in console.text
+        agents = browser.get("/admin/registry/agent/")
+        assert agents.status_code == 200
+
+
+def test_it_prints_a_working_api_key(first_run):
+    base, output, _ = first_run
+    key = _printed(output, r"API key for tenant 'demo': (rk_\S+)")
+    tenants = httpx.get(f"{base}/api/v1/tenants/", headers={"Authorization": f"Bearer {key}"})
+    assert tenants.status_code == 200
+    assert [t["slug"] for t in tenants.json()["results"]] == ["demo"]
+
+
+def test_it_serves_the_api_docs_with_their_assets(first_run):
+    base, _, _ = first_run
+    docs = httpx.get(f"{base}/api/docs/")
+    assert docs.status_code == 200
+    assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', docs.text)
+    assert any("swagger-ui" in a for a in assets), docs.text
+    for asset in assets:
+        assert httpx.get(f"{base}{asset}").status_code == 200, asset
+    schema = httpx.get(f"{base}/api/schema/")
+    assert schema.status_code == 200 and "/api/v1/agents/" in schema.text
+
+
+def test_admin_static_files_are_served(first_run):
+    base, _, _ = first_run
+    assert httpx.get(f"{base}/static/admin/css/base.css").status_code == 200
+
+
+def test_generated_secrets_stay_private_and_out_of_the_output(first_run):
+    _, output, data_dir = first_run
+    for name in ("secret_key", "credential_keys"):
+        path = data_dir / name
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert path.read_text().strip() not in output
