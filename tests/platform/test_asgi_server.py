@@ -35,11 +35,20 @@ def test_readyz_fails_when_redis_is_configured_but_unreachable(tmp_path):
         assert ready.json()["checks"]["database"]["ok"] is True
 
 
-def test_readyz_passes_on_the_configured_services(tmp_path):
-    """Under CI this is the machine's PostgreSQL and Redis; locally SQLite and no Redis."""
+def test_readyz_passes_on_the_configured_services(tmp_path, django_db_setup):
+    """Under CI this is the machine's PostgreSQL (the test database) and Redis."""
     import os
 
-    overrides = {k: os.environ[k] for k in ("DATABASE_URL", "REDIS_URL") if os.environ.get(k)}
+    from django.conf import settings
+
+    overrides = {}
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        overrides["DATABASE_URL"] = (
+            f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+        )
+    if os.environ.get("REDIS_URL"):
+        overrides["REDIS_URL"] = os.environ["REDIS_URL"]
     port = free_port()
     env = platform_env(tmp_path, **overrides)
     with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "log") as base:
