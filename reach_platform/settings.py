@@ -130,7 +130,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = Path(env.str("REACH_STATIC_ROOT", default=str(DATA_DIR / "static")))
+# WhiteNoise warns at every start about a missing root; collectstatic fills it in production.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # The embedded default serves admin and Swagger assets straight from the
 # installed apps; production may run collectstatic and turn this off.
 WHITENOISE_USE_FINDERS = env.bool("REACH_STATIC_USE_FINDERS", default=True)

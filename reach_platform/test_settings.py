@@ -7,7 +7,6 @@ and Redis; without them the suite runs on SQLite and in-process parts.
 import os
 import tempfile
 import uuid
-from pathlib import Path
 
 from cryptography.fernet import Fernet
 
@@ -18,9 +17,6 @@ os.environ.setdefault("REACH_CREDENTIAL_KEYS", Fernet.generate_key().decode())
 os.environ.setdefault("REACH_REDIS_KEY_PREFIX", f"reach-test-{uuid.uuid4().hex[:8]}:")
 
 from reach_platform.settings import *  # noqa: F403
-from reach_platform.settings import DATA_DIR
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-WHITENOISE_AUTOREFRESH = True
-STATIC_ROOT = Path(DATA_DIR) / "static"
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
