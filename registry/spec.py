@@ -1,0 +1,66 @@
+"""The normalised form every descriptor format is parsed into.
+
+JSON descriptors, ``capability.yaml`` files and A2A Agent Cards all become one
+``AgentSpec``; the registration service only ever sees this type. Pure data:
+no Django, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CapabilitySpec:
+    capability_id: str
+    display_name: str = ""
+    description: str = ""
+    keywords: tuple[str, ...] = ()
+    # Natural languages the capability handles ("en", "zh"), and translation
+    # directions ("en->zh"); empty means unconstrained.
+    languages: tuple[str, ...] = ()
+    directions: tuple[str, ...] = ()
+    input_schema: dict = field(default_factory=dict)
+    output_schema: dict = field(default_factory=dict)
+    # Canonical parameter name -> the agent's own name, for every parameter
+    # the synonym table renamed inside ``input_schema``.
+    param_map: dict = field(default_factory=dict)
+    timeout_ms: int = 30_000
+    qps: int | None = None
+    burst: int | None = None
+    kind: str = "sync"  # registry.choices.CapabilityKind
+    version: str = "1.0.0"
+    # Path (and HTTP method) on the instance that serves this capability; ""
+    # means the agent's protocol default.
+    path: str = ""
+    method: str = "POST"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    version: str = "1.0.0"
+    description: str = ""
+    protocol: str = "http"  # registry.choices.Protocol
+    namespace: str = "default"
+    team: str = ""
+    capabilities: tuple[CapabilitySpec, ...] = ()
+    # Where the first instance answers; None when the descriptor names no endpoint.
+    endpoint: str | None = None
+    weight: int = 100
+    lease_ttl_seconds: int = 30
+    heartbeat_interval_seconds: int = 10
+    # "json", "yaml" or "a2a": which format this came from, for the audit log.
+    source_format: str = "json"
+
+
+class DescriptorError(Exception):
+    """A descriptor that cannot be registered. ``problems`` maps field paths to messages.
+
+    Paths read like ``capabilities[2].timeout_ms``; every problem found is
+    listed, not only the first.
+    """
+
+    def __init__(self, problems: dict[str, list[str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items()))
