@@ -17,7 +17,7 @@ class _TenantScoped:
         return principal_for_request(self.request)
 
     def get_queryset(self):
-        return super().get_queryset().for_tenants(self.principal.tenant_ids)
+        return super().get_queryset().for_principal(self.principal)
 
 
 class TenantScopedReadOnlyViewSet(_TenantScoped, viewsets.ReadOnlyModelViewSet):

@@ -15,6 +15,14 @@ from django.db import models
 
 
 class TenantScopedQuerySet(models.QuerySet):
+    def for_principal(self, principal):
+        """Rows ``principal`` may see. An agent token sees only its own agent's rows,
+        on models that declare ``agent_path``, and nothing else."""
+        if principal.agent_pk is not None:
+            path = getattr(self.model, "agent_path", None)
+            return self.filter(**{path: principal.agent_pk}) if path else self.none()
+        return self.for_tenants(principal.tenant_ids)
+
     def for_tenants(self, tenant_ids: Iterable[int] | None):
         if tenant_ids is None:
             return self

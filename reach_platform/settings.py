@@ -143,7 +143,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("REACH_API_MAX_BODY_BYTES", default=2 * 10
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tenants.authentication.ApiKeyAuthentication",
+        "tenants.authentication.BearerAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.TenantPermission"],
@@ -188,6 +188,22 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("REACH_LOG_LEVEL", default="INFO")},
 }
+
+# Upstream allow-list: CIDRs and host names ("*.svc.cluster.local") agents may
+# register as endpoints and the gateway may connect to. Link-local and cloud
+# metadata addresses are refused whatever this says.
+UPSTREAM_ALLOW = env.list(
+    "REACH_UPSTREAM_ALLOW",
+    default=["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+             "fc00::/7", "localhost"],
+)
+# The platform's own listening ports: an agent endpoint on a local address with
+# one of these would make the gateway call itself.
+OWN_PORTS = [int(p) for p in env.list("REACH_OWN_PORTS", default=["8000"])]
+
+# A SQLite limitation the embedded mode accepts: the daily-usage uniqueness with
+# NULL agent/capability is enforced on PostgreSQL only (one writer fills it).
+SILENCED_SYSTEM_CHECKS = ["models.W047"]
 
 # How often ApiKey.last_used_at is written: every authenticated request
 # writing a row would turn reads into writes.

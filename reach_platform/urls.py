@@ -6,7 +6,14 @@ from rest_framework.routers import DefaultRouter
 from audit.api import AuditEntryViewSet
 from metering.api.views import UsageDailyViewSet, UsageEventViewSet
 from reach_platform import health
-from registry.api.views import AgentViewSet, CapabilityViewSet, InstanceViewSet, NamespaceViewSet
+from registry.api.views import (
+    AgentRegisterView,
+    AgentViewSet,
+    CapabilityViewSet,
+    InstanceViewSet,
+    NamespaceViewSet,
+    ParameterSynonymViewSet,
+)
 from tenants.api.views import (
     ApiKeyViewSet,
     CredentialViewSet,
@@ -24,6 +31,7 @@ router.register("credentials", CredentialViewSet, basename="credential")
 router.register("quotas", QuotaViewSet, basename="quota")
 router.register("namespaces", NamespaceViewSet, basename="namespace")
 router.register("agents", AgentViewSet, basename="agent")
+router.register("parameter-synonyms", ParameterSynonymViewSet, basename="parameter-synonym")
 router.register("capabilities", CapabilityViewSet, basename="capability")
 router.register("instances", InstanceViewSet, basename="instance")
 router.register("usage/events", UsageEventViewSet, basename="usage-event")
@@ -36,6 +44,7 @@ admin.site.index_title = "Operations console"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/agents/register", AgentRegisterView.as_view(), name="agent-register"),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

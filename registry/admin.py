@@ -6,17 +6,14 @@ from django.db.models import Count, Q
 from audit.models import AuditAction
 from reach_platform.admin_base import TenantScopedAdmin, audit_admin_write, badge
 from registry.choices import InstanceState
-from registry.models import Agent, Capability, Instance, Namespace
+from registry.models import Agent, Capability, Instance, Namespace, ParameterSynonym
 from registry.services import instance_drain
 from tenants.principal import principal_for_request
 
 
-@admin.register(Namespace)
-class NamespaceAdmin(admin.ModelAdmin):
-    list_display = ["name", "description"]
-    search_fields = ["name"]
+class SharedAdmin(admin.ModelAdmin):
+    """Rows shared by every tenant: everyone with a tenant reads, superusers write."""
 
-    # Shared by every tenant: everyone with a tenant reads, superusers write.
     def has_module_permission(self, request) -> bool:
         principal = principal_for_request(request)
         return principal.is_global or bool(principal.tenant_ids)
@@ -34,14 +31,28 @@ class NamespaceAdmin(admin.ModelAdmin):
         return request.user.is_superuser
 
 
+@admin.register(Namespace)
+class NamespaceAdmin(SharedAdmin):
+    list_display = ["name", "description"]
+    search_fields = ["name"]
+
+
+@admin.register(ParameterSynonym)
+class ParameterSynonymAdmin(SharedAdmin):
+    list_display = ["synonym", "canonical"]
+    list_filter = ["canonical"]
+    search_fields = ["synonym", "canonical"]
+
+
 class CapabilityInline(admin.StackedInline):
     model = Capability
     extra = 0
     show_change_link = True
     fields = [
         ("capability_id", "display_name", "kind", "version"),
-        "description", "keywords", ("timeout_ms", "qps", "burst"),
-        "input_schema", "output_schema",
+        "description", "keywords", ("languages", "directions", "formats", "max_input_chars"),
+        ("timeout_ms", "qps", "burst"), ("path", "method"),
+        "input_schema", "output_schema", "param_map",
     ]
     classes = ["collapse"]
 
@@ -64,16 +75,19 @@ class AgentAdmin(TenantScopedAdmin):
         "name", "namespace", "version", "protocol", "owner_tenant", "team", "internal_only",
         "instances_health", "priority", "weight",
     ]
-    list_filter = ["namespace", "protocol", "internal_only", "owner_tenant"]
+    list_filter = ["namespace", "protocol", "visibility", "internal_only", "owner_tenant"]
     list_select_related = ["namespace", "owner_tenant"]
     search_fields = ["name", "description", "team", "capabilities__capability_id"]
     inlines = [CapabilityInline, InstanceInline]
     fieldsets = [
         (None, {"fields": [
             ("namespace", "name", "version"), "description", ("protocol", "schema_version"),
-            ("owner_tenant", "team"), "internal_only",
+            ("owner_tenant", "team"), ("visibility", "internal_only"),
         ]}),
         ("Routing", {"fields": [("weight", "priority")]}),
+        ("Liveness", {"fields": [
+            ("heartbeat_interval_seconds", "lease_ttl_seconds", "probe_path"),
+        ]}),
         ("Prices", {"fields": [("price_input_per_1k", "price_output_per_1k", "price_per_call")]}),
         ("Connection pool", {"fields": [("pool_max_connections", "pool_idle_seconds")]}),
     ]

@@ -29,3 +29,8 @@ class HealthTier(models.TextChoices):
     HEALTHY = "healthy", "Healthy (full weight)"
     OVERLOADED = "overloaded", "Overloaded (half weight)"
     SUB_HEALTHY = "sub_healthy", "Sub-healthy (probe traffic only)"
+
+
+class Visibility(models.TextChoices):
+    PRIVATE = "private", "Private (owner and granted tenants)"
+    PUBLIC = "public", "Public (every tenant may discover and reach it)"

@@ -7,7 +7,14 @@ from django.core.validators import MinValueValidator, RegexValidator, URLValidat
 from django.db import models
 
 from reach_platform.scoping import TenantScopedQuerySet
-from registry.choices import CapabilityKind, HealthTier, InstanceState, Protocol, ReachMode
+from registry.choices import (
+    CapabilityKind,
+    HealthTier,
+    InstanceState,
+    Protocol,
+    ReachMode,
+    Visibility,
+)
 
 capability_id_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_.\-]{0,127}$",
@@ -32,8 +39,23 @@ class Namespace(models.Model):
         return self.name
 
 
+class AgentQuerySet(TenantScopedQuerySet):
+    def visible_to(self, tenant_ids):
+        """Agents a tenant may discover: its own, public ones, and those granted to it."""
+        if tenant_ids is None:
+            return self
+        ids = list(tenant_ids)
+        granted = models.Q(grants__tenant_id__in=ids) | models.Q(
+            capabilities__grants__tenant_id__in=ids
+        )
+        return self.filter(
+            models.Q(owner_tenant_id__in=ids) | models.Q(visibility=Visibility.PUBLIC) | granted
+        ).distinct()
+
+
 class Agent(models.Model):
     tenant_path = "owner_tenant_id"
+    agent_path = "pk"
 
     namespace = models.ForeignKey(Namespace, on_delete=models.PROTECT, related_name="agents")
     name = models.CharField(max_length=100, validators=[name_validator])
@@ -44,6 +66,10 @@ class Agent(models.Model):
         "tenants.Tenant", on_delete=models.PROTECT, related_name="agents"
     )
     team = models.CharField(max_length=100, blank=True)
+    visibility = models.CharField(
+        max_length=16, choices=Visibility, default=Visibility.PRIVATE,
+        help_text="Private agents are seen and reached by their owner and granted tenants only.",
+    )
     internal_only = models.BooleanField(
         default=False, help_text="Reachable only by tenants and networks allowed for it."
     )
@@ -64,10 +90,17 @@ class Agent(models.Model):
     pool_max_connections = models.PositiveIntegerField(default=64)
     pool_idle_seconds = models.PositiveIntegerField(default=90)
     schema_version = models.PositiveSmallIntegerField(default=1)
+    heartbeat_interval_seconds = models.PositiveIntegerField(default=10)
+    lease_ttl_seconds = models.PositiveIntegerField(
+        default=30, help_text="An instance without a heartbeat for this long becomes unknown."
+    )
+    probe_path = models.CharField(
+        max_length=200, default="/healthz", help_text="Path the active health probe GETs."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects = TenantScopedQuerySet.as_manager()
+    objects = AgentQuerySet.as_manager()
 
     class Meta:
         ordering = ["namespace__name", "name"]
@@ -78,17 +111,32 @@ class Agent(models.Model):
     def __str__(self) -> str:
         return f"{self.namespace_id and self.namespace.name}/{self.name}"
 
+    def clean(self) -> None:
+        if self.lease_ttl_seconds < 3 * self.heartbeat_interval_seconds:
+            raise ValidationError(
+                {"lease_ttl_seconds": "Must be at least 3 x the heartbeat interval."}
+            )
+
 
 class Capability(models.Model):
     tenant_path = "agent__owner_tenant_id"
+    agent_path = "agent_id"
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="capabilities")
     capability_id = models.CharField(max_length=128, validators=[capability_id_validator])
     display_name = models.CharField(max_length=200, blank=True)
     description = models.TextField(blank=True)
     keywords = models.JSONField(default=list, blank=True)
+    languages = models.JSONField(default=list, blank=True, help_text='e.g. ["en", "zh"]')
+    directions = models.JSONField(default=list, blank=True, help_text='e.g. ["en->zh"]')
+    formats = models.JSONField(default=list, blank=True, help_text='e.g. ["text", "markdown"]')
+    max_input_chars = models.PositiveIntegerField(null=True, blank=True)
     input_schema = models.JSONField(default=dict, blank=True)
     output_schema = models.JSONField(default=dict, blank=True)
+    # Canonical parameter name -> the agent's own, so the gateway can map back.
+    param_map = models.JSONField(default=dict, blank=True)
+    path = models.CharField(max_length=300, blank=True)
+    method = models.CharField(max_length=8, default="POST")
     timeout_ms = models.PositiveIntegerField(default=30_000, validators=[MinValueValidator(1)])
     qps = models.PositiveIntegerField(null=True, blank=True)
     burst = models.PositiveIntegerField(null=True, blank=True)
@@ -110,10 +158,10 @@ class Capability(models.Model):
         return self.capability_id
 
     def clean(self) -> None:
-        if not isinstance(self.keywords, list) or not all(
-            isinstance(k, str) for k in self.keywords
-        ):
-            raise ValidationError({"keywords": "Must be a list of strings."})
+        for name in ("keywords", "languages", "directions", "formats"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+                raise ValidationError({name: "Must be a list of strings."})
         from jsonschema import Draft202012Validator
         from jsonschema.exceptions import SchemaError
 
@@ -129,6 +177,7 @@ class Capability(models.Model):
 
 class Instance(models.Model):
     tenant_path = "agent__owner_tenant_id"
+    agent_path = "agent_id"
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="instances")
     # A CharField, not URLField: the form field of URLField guesses a scheme.
@@ -147,8 +196,15 @@ class Instance(models.Model):
     memory = models.FloatField(default=0.0, help_text="0..1")
     queue_depth = models.PositiveIntegerField(default=0)
     in_flight = models.PositiveIntegerField(default=0)
+    processed_recent = models.PositiveIntegerField(default=0)
+    errors_recent = models.PositiveIntegerField(default=0)
     # Capability ids this instance serves now; empty means all of the agent's.
     capabilities_available = models.JSONField(default=list, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    # Recoveries from unknown within 2 x TTL: each lowers the weight instead of
+    # removing the instance; reset after a quiet 2 x TTL.
+    flaps = models.PositiveSmallIntegerField(default=0)
+    last_flap_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantScopedQuerySet.as_manager()
@@ -161,3 +217,56 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent.name} @ {self.endpoint}"
+
+
+class AgentToken(models.Model):
+    """A token that may act for one agent only: re-register, heartbeat, deregister.
+
+    Issued in exchange for a registration token (an API key with the
+    ``register`` scope); stored like API keys, as prefix + SHA-256.
+    """
+
+    tenant_path = "agent__owner_tenant_id"
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tokens")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… for {self.agent_id}"
+
+
+class ParameterSynonym(models.Model):
+    """Maps a parameter name agents use (``target_lang``) to the canonical one (``dest_lang``)."""
+
+    synonym = models.CharField(max_length=100, unique=True)
+    canonical = models.CharField(max_length=100, db_index=True)
+
+    class Meta:
+        ordering = ["canonical", "synonym"]
+
+    def __str__(self) -> str:
+        return f"{self.synonym} → {self.canonical}"
+
+    def clean(self) -> None:
+        self.synonym = self.synonym.strip().lower()
+        self.canonical = self.canonical.strip().lower()
+        if self.synonym == self.canonical:
+            raise ValidationError({"synonym": "A name is not a synonym of itself."})
+
+
+class RouteVersion(models.Model):
+    """The single-row, global version counter of the route table.
+
+    Bumped with a row lock, so versions are handed out one at a time and every
+    published delta has a unique, gap-free number.
+    """
+
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"route table v{self.version}"

@@ -1,14 +1,328 @@
-"""Writes for the registry."""
+"""Writes for the registry: registration, heartbeats, leases, deregistration."""
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass
+from functools import cache
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from registry import health, routes
 from registry.choices import InstanceState
-from registry.models import Instance
+from registry.descriptors import normalise_params
+from registry.endpoints import EndpointPolicy, EndpointRefused, check_registration
+from registry.models import (
+    Agent,
+    AgentToken,
+    Capability,
+    Instance,
+    Namespace,
+    ParameterSynonym,
+)
+from registry.spec import AgentSpec, DescriptorError
+from routing.table import LoadReport
+from tenants import keys
+from tenants.models import Tenant
+
+AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (a prefix, not a secret)
+# A deregistered instance keeps draining this long before its row goes, so
+# calls already routed to it can finish.
+DRAIN_GRACE = dt.timedelta(seconds=30)
+
+
+class RegistrationConflict(Exception):
+    """The namespace + name belongs to another tenant, or the token is for another agent."""
+
+
+@cache
+def _policy(allow: tuple[str, ...], own_ports: tuple[int, ...]) -> EndpointPolicy:
+    return EndpointPolicy.from_setting(allow, own_ports)
+
+
+def endpoint_policy() -> EndpointPolicy:
+    return _policy(tuple(settings.UPSTREAM_ALLOW), tuple(settings.OWN_PORTS))
+
+
+def synonym_table() -> dict[str, str]:
+    return dict(ParameterSynonym.objects.values_list("synonym", "canonical"))
+
+
+@dataclass(frozen=True)
+class Registration:
+    agent: Agent
+    instance: Instance | None
+    created: bool
+    # Plaintext agent token: only when one was issued by this registration.
+    token: str | None = None
+
+
+@transaction.atomic
+def agent_register(
+    *,
+    tenant: Tenant,
+    spec: AgentSpec,
+    acting_agent: Agent | None = None,
+    now: dt.datetime | None = None,
+) -> Registration:
+    """Create or update the agent ``spec`` names (idempotent by namespace + name).
+
+    ``acting_agent`` is set when an agent token registers: it may only update
+    itself, and no new token is issued. Raises ``DescriptorError`` (every
+    problem at once) or ``RegistrationConflict``; on error nothing is written.
+    """
+    now = now or timezone.now()
+    problems: dict[str, list[str]] = {}
+    endpoint = None
+    if spec.endpoint:
+        try:
+            endpoint = check_registration(spec.endpoint, endpoint_policy())
+        except EndpointRefused as exc:
+            problems["reach.endpoint"] = [str(exc)]
+    namespace = Namespace.objects.filter(name=spec.namespace).first()
+    if namespace is None:
+        problems["namespace"] = [f"unknown namespace {spec.namespace!r}"]
+    try:
+        spec = normalise_params(spec, synonym_table())
+    except DescriptorError as exc:
+        problems.update(exc.problems)
+    if problems:
+        raise DescriptorError(problems)
+
+    agent = (
+        Agent.objects.select_for_update().filter(namespace=namespace, name=spec.name).first()
+    )
+    if acting_agent is not None and (agent is None or agent.pk != acting_agent.pk):
+        raise RegistrationConflict("An agent token can only re-register its own agent.")
+    if agent is not None and agent.owner_tenant_id != tenant.pk:
+        raise RegistrationConflict(
+            f"{spec.namespace}/{spec.name} is registered by another tenant."
+        )
+    created = agent is None
+    agent = agent or Agent(namespace=namespace, name=spec.name, owner_tenant=tenant)
+    agent.version = spec.version
+    agent.description = spec.description
+    agent.protocol = spec.protocol
+    agent.team = spec.team or agent.team
+    agent.weight = spec.weight
+    agent.lease_ttl_seconds = spec.lease_ttl_seconds
+    agent.heartbeat_interval_seconds = spec.heartbeat_interval_seconds
+    _clean(agent, "")
+    agent.save()
+    _sync_capabilities(agent, spec)
+    instance = _upsert_instance(agent, endpoint, now) if endpoint else None
+    token = agent_token_issue(agent=agent) if acting_agent is None else None
+    return Registration(agent=agent, instance=instance, created=created, token=token)
+
+
+def _clean(row, path: str) -> None:
+    try:
+        row.full_clean(validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        raise DescriptorError(
+            {f"{path}{'.' if path else ''}{f}": list(m) for f, m in exc.message_dict.items()}
+        ) from exc
+
+
+def _sync_capabilities(agent: Agent, spec: AgentSpec) -> None:
+    existing = {c.capability_id: c for c in agent.capabilities.all()}
+    wanted = {c.capability_id for c in spec.capabilities}
+    for index, cap in enumerate(spec.capabilities):
+        row = existing.get(cap.capability_id) or Capability(agent=agent)
+        for name in (
+            "capability_id", "display_name", "description", "input_schema", "output_schema",
+            "param_map", "timeout_ms", "qps", "burst", "kind", "version", "path", "method",
+        ):
+            setattr(row, name, getattr(cap, name))
+        row.keywords = list(cap.keywords)
+        row.languages = list(cap.languages)
+        row.directions = list(cap.directions)
+        _clean(row, f"capabilities[{index}]")
+        row.save()
+    # Capabilities the new descriptor no longer lists are gone at once, not at
+    # the next heartbeat: callers must not be routed to them.
+    for capability_id, row in existing.items():
+        if capability_id not in wanted:
+            row.delete()
+
+
+def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime) -> Instance:
+    instance = Instance.objects.filter(agent=agent, endpoint=endpoint).first()
+    ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
+    if instance is None:
+        instance = Instance(agent=agent, endpoint=endpoint, state_changed_at=now)
+    elif instance.state != InstanceState.DRAINING:
+        liveness = health.on_heartbeat(_liveness(instance), now=now, ttl=ttl)
+        _set_liveness(instance, liveness)
+    instance.last_heartbeat_at = now
+    instance.lease_expires_at = now + ttl
+    _clean(instance, "reach")
+    instance.save()
+    return instance
+
+
+def _liveness(instance: Instance) -> health.Liveness:
+    return health.Liveness(
+        instance.state, instance.state_changed_at, instance.flaps, instance.last_flap_at
+    )
+
+
+def _set_liveness(instance: Instance, liveness: health.Liveness) -> None:
+    instance.state = liveness.state
+    instance.state_changed_at = liveness.state_changed_at
+    instance.flaps = liveness.flaps
+    instance.last_flap_at = liveness.last_flap_at
+
+
+# ---- agent tokens -----------------------------------------------------------------------
+
+
+def agent_token_issue(*, agent: Agent) -> str:
+    plaintext, prefix, key_hash = keys.generate(AGENT_TOKEN_MARK)
+    AgentToken.objects.create(agent=agent, prefix=prefix, key_hash=key_hash)
+    return plaintext
+
+
+def agent_token_authenticate(*, plaintext: str) -> AgentToken | str:
+    """The token for ``plaintext``, or the reason it is refused."""
+    prefix = keys.prefix_of(plaintext, AGENT_TOKEN_MARK)
+    if prefix is None:
+        return "Agent token is malformed."
+    token = (
+        AgentToken.objects.select_related("agent__owner_tenant").filter(prefix=prefix).first()
+    )
+    if token is None or not keys.matches(plaintext, token.key_hash):
+        return "Agent token is not known."
+    if token.revoked_at is not None:
+        return "Agent token has been revoked."
+    if not token.agent.owner_tenant.is_active:
+        return "The agent's tenant is disabled."
+    return token
+
+
+# ---- heartbeats and leases -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    load: health.Load
+    capabilities_available: list[str] | None = None
+
+
+def instance_heartbeat(
+    *, instance: Instance, heartbeat: Heartbeat, now: dt.datetime | None = None
+) -> Instance:
+    """Renew the lease and record load. Structural changes (state, tier, served
+    capabilities, flaps) are published as a versioned delta at once; load
+    figures alone go out unversioned, so heartbeats never queue on the counter."""
+    now = now or timezone.now()
+    agent = instance.agent
+    ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
+    before = (instance.state, instance.health_tier, list(instance.capabilities_available),
+              instance.flaps)
+    _set_liveness(instance, health.on_heartbeat(_liveness(instance), now=now, ttl=ttl))
+    load = heartbeat.load
+    instance.health_tier = health.tier_from_load(load)
+    if heartbeat.capabilities_available is not None:
+        instance.capabilities_available = sorted(set(heartbeat.capabilities_available))
+    instance.cpu, instance.memory = load.cpu, load.memory
+    instance.queue_depth, instance.in_flight = load.queue_depth, load.in_flight
+    instance.processed_recent, instance.errors_recent = load.processed_recent, load.errors_recent
+    instance.last_heartbeat_at = now
+    instance.lease_expires_at = now + ttl
+    fields = [
+        "state", "state_changed_at", "flaps", "last_flap_at", "health_tier",
+        "capabilities_available", "cpu", "memory", "queue_depth", "in_flight",
+        "processed_recent", "errors_recent", "last_heartbeat_at", "lease_expires_at",
+    ]
+    # update() rather than save(): no signal, so no versioned delta unless needed.
+    Instance.objects.filter(pk=instance.pk).update(**{f: getattr(instance, f) for f in fields})
+    after = (instance.state, instance.health_tier, list(instance.capabilities_available),
+             instance.flaps)
+    if after != before:
+        routes.changed("agent", agent.pk)
+    else:
+        transaction.on_commit(lambda: routes.load_reported(LoadReport(
+            agent_pk=agent.pk, instance_pk=instance.pk, cpu=load.cpu, memory=load.memory,
+            queue_depth=load.queue_depth, in_flight=load.in_flight,
+        )))
+    return instance
+
+
+def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
+    """Apply the clock to every instance: expired leases -> unknown -> offline; deregistered
+    instances past their drain grace are deleted. Returns counts by transition.
+
+    Each transition is a conditional update on the state it read, so a heartbeat
+    landing between the read and the write wins and the sweep skips that row.
+    """
+    now = now or timezone.now()
+    counts = {"unknown": 0, "offline": 0, "removed": 0}
+    candidates = Instance.objects.filter(
+        state__in=[InstanceState.HEALTHY, InstanceState.UNKNOWN],
+    ).filter(
+        lease_expires_at__lte=now
+    ).only("pk", "agent_id", "state", "state_changed_at", "flaps", "last_flap_at",
+           "lease_expires_at")
+    for instance in candidates:
+        nxt = health.on_tick(_liveness(instance), lease_expires_at=instance.lease_expires_at,
+                             now=now)
+        if nxt.state == instance.state:
+            continue
+        with transaction.atomic():
+            updated = Instance.objects.filter(pk=instance.pk, state=instance.state,
+                                              lease_expires_at=instance.lease_expires_at).update(
+                state=nxt.state, state_changed_at=nxt.state_changed_at,
+            )
+            if updated:
+                counts[nxt.state] += 1
+                routes.changed("agent", instance.agent_id)
+    drained = Instance.objects.filter(state=InstanceState.DRAINING, lease_expires_at__lte=now)
+    for instance in drained.only("pk", "agent_id"):
+        with transaction.atomic():
+            deleted, _ = Instance.objects.filter(
+                pk=instance.pk, state=InstanceState.DRAINING, lease_expires_at__lte=now
+            ).delete()
+            if deleted:
+                counts["removed"] += 1
+    return counts
 
 
 def instance_drain(*, instance: Instance) -> Instance:
     """Stop new traffic to ``instance``; calls in flight finish. Draining twice is a no-op."""
     if instance.state != InstanceState.DRAINING:
         instance.state = InstanceState.DRAINING
-        instance.save(update_fields=["state"])
+        instance.state_changed_at = timezone.now()
+        instance.save(update_fields=["state", "state_changed_at"])
     return instance
+
+
+def instance_deregister(*, instance: Instance, now: dt.datetime | None = None) -> Instance:
+    """Graceful exit: drain at once, delete after ``DRAIN_GRACE``."""
+    now = now or timezone.now()
+    instance.state = InstanceState.DRAINING
+    instance.state_changed_at = now
+    instance.lease_expires_at = now + DRAIN_GRACE
+    instance.save(update_fields=["state", "state_changed_at", "lease_expires_at"])
+    return instance
+
+
+def instance_recover(*, instance: Instance, now: dt.datetime | None = None) -> bool:
+    """A probe succeeded: an unknown or offline instance is healthy again with a fresh lease.
+
+    Returns False when the instance changed state meanwhile (a heartbeat won)."""
+    now = now or timezone.now()
+    ttl = dt.timedelta(seconds=instance.agent.lease_ttl_seconds)
+    liveness = health.on_heartbeat(_liveness(instance), now=now, ttl=ttl)
+    with transaction.atomic():
+        updated = Instance.objects.filter(pk=instance.pk, state=instance.state).update(
+            state=liveness.state, state_changed_at=liveness.state_changed_at,
+            flaps=liveness.flaps, last_flap_at=liveness.last_flap_at,
+            lease_expires_at=now + ttl,
+        )
+        if updated:
+            routes.changed("agent", instance.agent_id)
+    return bool(updated)

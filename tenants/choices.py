@@ -10,6 +10,7 @@ class ApiKeyScope(models.TextChoices):
     INVOKE = "invoke", "Invoke agents (data plane)"
     READ = "read", "Read control-plane objects"
     MANAGE = "manage", "Create, change and delete control-plane objects"
+    REGISTER = "register", "Register agents (exchanged for agent-scoped tokens)"
 
 
 class CredentialKind(models.TextChoices):

@@ -18,6 +18,9 @@ class TenantPermission(permissions.BasePermission):
 
     def has_permission(self, request, view) -> bool:
         principal = principal_for_request(request)
+        if principal.agent_pk is not None:
+            # Agent tokens act only through the actions a view opens to them.
+            return getattr(view, "action", None) in getattr(view, "agent_token_actions", ())
         if request.method in permissions.SAFE_METHODS:
             return principal.is_global or bool(principal.tenant_ids)
         if getattr(view, "global_writes_only", False):
@@ -26,6 +29,8 @@ class TenantPermission(permissions.BasePermission):
 
     def has_object_permission(self, request, view, obj) -> bool:
         principal = principal_for_request(request)
-        if request.method in permissions.SAFE_METHODS:
+        if principal.agent_pk is not None or request.method in permissions.SAFE_METHODS:
+            # The view's queryset (``for_principal``) already holds only rows this
+            # principal may see: an agent token's own agent, a tenant's own rows.
             return True
         return principal.can_manage(tenant_id_of(obj))

@@ -16,6 +16,8 @@ class Principal:
     manage_tenant_ids: frozenset[int] | None
     user: object | None = None
     api_key: object | None = None
+    # Set for an agent token: it acts for this agent only, and reads no tenant data.
+    agent_pk: int | None = None
 
     @property
     def is_global(self) -> bool:
@@ -71,16 +73,26 @@ def principal_for_api_key(api_key) -> Principal:
     )
 
 
+def principal_for_agent_token(token) -> Principal:
+    return Principal(
+        label=f"agent:{token.prefix}", tenant_ids=frozenset(), manage_tenant_ids=frozenset(),
+        agent_pk=token.agent_id,
+    )
+
+
 def principal_for_request(request) -> Principal:
     """The principal DRF or the admin authenticated; cached on the request."""
     cached = getattr(request, "_reach_principal", None)
     if cached is not None:
         return cached
+    from registry.models import AgentToken
     from tenants.models import ApiKey
 
     auth = getattr(request, "auth", None)
     if isinstance(auth, ApiKey):
         principal = principal_for_api_key(auth)
+    elif isinstance(auth, AgentToken):
+        principal = principal_for_agent_token(auth)
     else:
         principal = principal_for_user(getattr(request, "user", None))
     request._reach_principal = principal

@@ -3,7 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from reach_platform.serializers import CleanModelSerializer, ScopedPrimaryKeyField
-from registry.models import Agent, Capability, Instance, Namespace
+from registry.models import Agent, Capability, Instance, Namespace, ParameterSynonym
 from tenants.api.serializers import tenant_field
 
 
@@ -21,7 +21,9 @@ class CapabilitySerializer(CleanModelSerializer):
         model = Capability
         fields = [
             "id", "agent", "capability_id", "display_name", "description", "keywords",
-            "input_schema", "output_schema", "timeout_ms", "qps", "burst", "kind", "version",
+            "languages", "directions", "formats", "max_input_chars", "input_schema",
+            "output_schema", "param_map", "timeout_ms", "qps", "burst", "kind", "version",
+            "path", "method",
         ]
         read_only_fields = ["id"]
 
@@ -34,12 +36,23 @@ class InstanceSerializer(CleanModelSerializer):
         fields = [
             "id", "agent", "endpoint", "reach_mode", "state", "health_tier",
             "lease_expires_at", "last_heartbeat_at", "cpu", "memory", "queue_depth",
-            "in_flight", "capabilities_available", "created_at",
+            "in_flight", "processed_recent", "errors_recent", "capabilities_available",
+            "flaps", "created_at",
         ]
         read_only_fields = [
             "id", "health_tier", "lease_expires_at", "last_heartbeat_at", "cpu", "memory",
-            "queue_depth", "in_flight", "created_at",
+            "queue_depth", "in_flight", "processed_recent", "errors_recent", "flaps",
+            "created_at",
         ]
+
+    def validate_endpoint(self, value: str) -> str:
+        from registry.endpoints import EndpointRefused, check_registration
+        from registry.services import endpoint_policy
+
+        try:
+            return check_registration(value, endpoint_policy())
+        except EndpointRefused as exc:
+            raise serializers.ValidationError(str(exc)) from exc
 
 
 class AgentSerializer(CleanModelSerializer):
@@ -52,11 +65,54 @@ class AgentSerializer(CleanModelSerializer):
         model = Agent
         fields = [
             "id", "namespace", "name", "version", "description", "protocol", "owner_tenant",
-            "team", "internal_only", "weight", "priority", "price_input_per_1k",
+            "team", "visibility", "internal_only", "weight", "priority", "price_input_per_1k",
             "price_output_per_1k", "price_per_call", "pool_max_connections",
-            "pool_idle_seconds", "schema_version", "capabilities", "instances",
+            "pool_idle_seconds", "schema_version", "heartbeat_interval_seconds",
+            "lease_ttl_seconds", "probe_path", "capabilities", "instances",
             "created_at", "updated_at",
         ]
         read_only_fields = ["id", "created_at", "updated_at"]
 
 
+
+
+class ParameterSynonymSerializer(CleanModelSerializer):
+    class Meta:
+        model = ParameterSynonym
+        fields = ["id", "synonym", "canonical"]
+        read_only_fields = ["id"]
+
+
+class RegistrationSerializer(serializers.Serializer):
+    created = serializers.BooleanField()
+    agent = AgentSerializer()
+    instance = InstanceSerializer(allow_null=True)
+    agent_token = serializers.CharField(
+        source="token", allow_null=True,
+        help_text="Issued when a tenant key registers; shown once. Use it for heartbeats.",
+    )
+    heartbeat_interval_seconds = serializers.IntegerField(
+        source="agent.heartbeat_interval_seconds"
+    )
+    lease_ttl_seconds = serializers.IntegerField(source="agent.lease_ttl_seconds")
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    cpu = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    memory = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    queue_depth = serializers.IntegerField(min_value=0, default=0)
+    in_flight = serializers.IntegerField(min_value=0, default=0)
+    processed_recent = serializers.IntegerField(min_value=0, default=0)
+    errors_recent = serializers.IntegerField(min_value=0, default=0)
+    capabilities_available = serializers.ListField(
+        child=serializers.CharField(max_length=128), required=False, max_length=1000,
+        help_text="Capability ids this instance serves now; omit to leave unchanged.",
+    )
+
+    def to_heartbeat(self):
+        from registry.health import Load
+        from registry.services import Heartbeat
+
+        data = dict(self.validated_data)
+        available = data.pop("capabilities_available", None)
+        return Heartbeat(load=Load(**data), capabilities_available=available)

@@ -13,4 +13,4 @@ def test_schema_validates_without_warnings():
     schema = out.getvalue()
     for path in ("/api/v1/agents/", "/api/v1/api-keys/{id}/revoke/", "/api/v1/credentials/"):
         assert path in schema
-    assert "ApiKeyAuth" in schema
+    assert "BearerAuth" in schema

@@ -43,8 +43,8 @@ def rows_of_a(world):
             tenant=world.tenant_a, agent=world.agent_a, secret="s3cret"
         ).pk,
         "quotas": Quota.objects.create(tenant=world.tenant_a, requests_per_minute=10).pk,
-        "grants": Grant.objects.create(tenant=world.tenant_b, agent=world.agent_a).pk
-        and Grant.objects.create(tenant=world.tenant_a, agent=world.agent_a).pk,
+        # Granted to a third tenant: a grant to B would rightly let B see the agent.
+        "grants": Grant.objects.create(tenant=factories.tenant(), agent=world.agent_a).pk,
         "usage/events": event.request_id,
         "usage/daily": daily.pk,
         "audit": audit.pk,
@@ -104,9 +104,13 @@ def test_owner_sees_the_rows(resource, rows_of_a, world, api):
 
 @pytest.mark.django_db
 def test_the_grantee_sees_a_grant_but_only_the_owner_may_revoke_it(rows_of_a, world, api):
-    grant_to_b = Grant.objects.get(tenant=world.tenant_b)
+    grant_to_b = Grant.objects.create(tenant=world.tenant_b, agent=world.agent_a)
     api.force_login(world.outsider)
     assert api.get(f"/api/v1/grants/{grant_to_b.pk}/").status_code == 200
+    # ...and, being granted, discovers the agent, but cannot change it.
+    assert api.get(f"/api/v1/agents/{world.agent_a.pk}/").status_code == 200
+    assert api.patch(f"/api/v1/agents/{world.agent_a.pk}/", {"team": "x"},
+                     format="json").status_code == 403
     assert api.delete(f"/api/v1/grants/{grant_to_b.pk}/").status_code == 403
     api.force_login(world.owner)
     assert api.delete(f"/api/v1/grants/{grant_to_b.pk}/").status_code == 204

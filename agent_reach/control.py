@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+class ReachError(Exception):
+    """The platform refused a call. ``error`` is its ``{"code", "message", ...}`` body."""
+
+    def __init__(self, status: int, error: dict) -> None:
+        self.status = status
+        self.error = error
+        super().__init__(f"{status} {error.get('code')}: {error.get('message')}")
+
+
+@dataclass(frozen=True)
+class Registration:
+    agent_id: int
+    instance_id: int | None
+    agent_token: str
+    heartbeat_interval_seconds: int
+    lease_ttl_seconds: int
+    created: bool
+    raw: dict
+
+
+class ControlPlane:
+    """A client for the control plane's registry API. ``token`` is a tenant key with the
+    ``register`` scope, or an agent token; after ``register`` the agent token is used."""
+
+    def __init__(self, base_url: str, *, token: str, timeout: float = 5.0) -> None:
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout, trust_env=False,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, url: str, **kwargs) -> dict:
+        response = self._client.request(method, url, **kwargs)
+        if response.status_code >= 400:
+            try:
+                error = response.json().get("error", {})
+            except ValueError:
+                error = {"code": "http_error", "message": response.text[:200]}
+            raise ReachError(response.status_code, error)
+        return response.json() if response.content else {}
+
+    def register(self, descriptor: dict | str) -> Registration:
+        if isinstance(descriptor, str):
+            body = self._call(
+                "POST", "/api/v1/agents/register", content=descriptor.encode(),
+                headers={"Content-Type": "application/yaml"},
+            )
+        else:
+            body = self._call("POST", "/api/v1/agents/register", json=descriptor)
+        token = body.get("agent_token")
+        if token:
+            self._client.headers["Authorization"] = f"Bearer {token}"
+        return Registration(
+            agent_id=body["agent"]["id"],
+            instance_id=(body.get("instance") or {}).get("id"),
+            agent_token=token or self._client.headers["Authorization"].split(" ", 1)[1],
+            heartbeat_interval_seconds=body["heartbeat_interval_seconds"],
+            lease_ttl_seconds=body["lease_ttl_seconds"],
+            created=body["created"],
+            raw=body,
+        )
+
+    def heartbeat(self, instance_id: int, **load) -> dict:
+        return self._call("POST", f"/api/v1/instances/{instance_id}/heartbeat", json=load)
+
+    def deregister(self, registration: Registration) -> None:
+        if registration.instance_id is not None:
+            self._call("POST", f"/api/v1/instances/{registration.instance_id}/deregister")
+
+    def keep_alive(
+        self,
+        registration: Registration,
+        *,
+        load: Callable[[], dict] | None = None,
+        interval: float | None = None,
+    ) -> HeartbeatLoop:
+        """Heartbeat in a daemon thread until ``stop()``; failures are logged and retried."""
+        loop = HeartbeatLoop(
+            self, registration.instance_id,
+            interval or registration.heartbeat_interval_seconds, load or dict,
+        )
+        loop.start()
+        return loop
+
+
+class HeartbeatLoop:
+    def __init__(self, plane: ControlPlane, instance_id, interval: float, load) -> None:
+        self._plane, self._instance_id = plane, instance_id
+        self._interval, self._load = interval, load
+        self._stop = threading.Event()
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, name="reach-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._interval + 5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._plane.heartbeat(self._instance_id, **self._load())
+                self.sent += 1
+            except (httpx.HTTPError, ReachError) as exc:
+                logger.warning("heartbeat failed: %s", exc)
+            self._stop.wait(self._interval)

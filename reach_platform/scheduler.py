@@ -1,0 +1,51 @@
+"""The embedded mode's in-process scheduler: Celery beat's schedule, run in one thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
+
+
+class InProcessScheduler:
+    def __init__(self, jobs: dict[str, tuple[float, callable]]) -> None:
+        self._jobs = jobs
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reach-scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        due = {name: time.monotonic() for name in self._jobs}
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for name, (period, job) in self._jobs.items():
+                if now < due[name]:
+                    continue
+                due[name] = now + period
+                try:
+                    job()
+                except Exception:
+                    logger.exception("scheduled job %s failed", name)
+                finally:
+                    close_old_connections()
+            self._stop.wait(max(0.05, min(due.values()) - time.monotonic()))
+
+
+def default_scheduler() -> InProcessScheduler:
+    from reach_platform.celery import PERIODIC
+    from registry.probe import instances_probe
+    from registry.services import instances_sweep
+
+    functions = {"registry.sweep_leases": instances_sweep,
+                 "registry.probe_instances": instances_probe}
+    return InProcessScheduler({name: (PERIODIC[name], functions[name]) for name in PERIODIC})

@@ -1,0 +1,428 @@
+"""Parse the three descriptor formats into one ``AgentSpec``.
+
+Each parser validates against its JSON Schema, then runs the cross-field checks,
+and raises one ``DescriptorError`` holding every problem found. Problems are
+keyed by where they sit in the document the author wrote (``capabilities[2].timeout_ms``,
+``skills[0].x-reach.input_schema``; ``$`` is the document itself).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import unicodedata
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, ValidationError
+
+from registry.descriptors import schemas
+from registry.spec import AgentSpec, CapabilitySpec, DescriptorError
+
+Problems = dict[str, list[str]]
+# A capability on its way to a CapabilitySpec: the path its id is reported at,
+# CapabilitySpec keyword arguments still as the author wrote them (None = not
+# given), and its embedded JSON Schemas keyed by the path to report them at.
+_RawCapability = tuple[str, dict[str, Any], dict[str, Any]]
+
+_DEFAULTS = AgentSpec(name="")
+_TYPE_WORDS = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
+_NOT_IN_ID = re.compile(r"[^a-z0-9_.\-]+")
+# JSON Schema counts 8.0 as an integer; the spec wants real ints in these.
+_INT_FIELDS = (
+    "timeout_ms",
+    "qps",
+    "burst",
+    "weight",
+    "lease_ttl_seconds",
+    "heartbeat_interval_seconds",
+)
+
+
+def parse_json_descriptor(data: object) -> AgentSpec:
+    """Parse a JSON descriptor (already decoded) into an ``AgentSpec``.
+
+    ``agent_id`` wins over ``name``; a capability's ``id`` wins over ``type``;
+    ``params`` becomes ``input_schema`` only when no ``input_schema`` is given.
+    ``reach.use_tls`` turns an ``http://`` endpoint into ``https://``.
+    Raises ``DescriptorError`` listing every problem.
+    """
+    problems = _schema_problems(schemas.JSON_DESCRIPTOR_SCHEMA, data)
+    if not isinstance(data, dict):
+        raise DescriptorError(problems)
+    caps = [_json_capability(i, c) for i, c in _dicts(data.get("capabilities"))]
+    reach = _obj(data.get("reach"))
+    endpoint = reach.get("endpoint")
+    if reach.get("use_tls") is True and isinstance(endpoint, str):
+        endpoint = _with_tls(endpoint)
+    ttl, interval = _liveness(data.get("liveness"), problems)
+    agent = {
+        "name": data.get("agent_id", data.get("name")),
+        "version": data.get("version"),
+        "description": data.get("description"),
+        "protocol": reach.get("protocol"),
+        "namespace": data.get("namespace"),
+        "team": data.get("team"),
+        "endpoint": endpoint,
+        "weight": reach.get("weight"),
+        "lease_ttl_seconds": ttl,
+        "heartbeat_interval_seconds": interval,
+        "source_format": "json",
+    }
+    return _finish(agent, caps, problems)
+
+
+def parse_capability_yaml(text: str) -> AgentSpec:
+    """Parse ``capability.yaml`` text into an ``AgentSpec``.
+
+    Only ``yaml.safe_load`` is used: the text is untrusted. The top-level
+    ``language`` is put first in every capability's languages. Each capability's
+    first endpoint gives its path and method, and its protocol is the agent's,
+    so all capabilities must agree on it. Raises ``DescriptorError``; a syntax
+    error is reported at ``$`` with its line and column.
+    """
+    if not isinstance(text, str):
+        raise DescriptorError({"$": ["must be YAML text"]})
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DescriptorError({"$": [f"not valid YAML: {_yaml_reason(exc)}"]}) from None
+    problems = _schema_problems(schemas.CAPABILITY_YAML_SCHEMA, data)
+    if not isinstance(data, dict):
+        raise DescriptorError(problems)
+    language = data.get("language")
+    protocol: str | None = None
+    caps: list[_RawCapability] = []
+    for i, c in _dicts(data.get("capabilities")):
+        at = f"capabilities[{i}]"
+        endpoints = c.get("endpoints")
+        first = _obj(endpoints[0]) if isinstance(endpoints, list) and endpoints else {}
+        fields = {
+            "capability_id": c.get("id"),
+            **_described(c),
+            **_reach_fields(c),
+            "kind": c.get("type"),
+            "path": first.get("path"),
+            "method": first.get("method"),
+        }
+        languages = fields["languages"]
+        if isinstance(language, str) and isinstance(languages or [], list):
+            fields["languages"] = [language, *(languages or [])]
+        caps.append((f"{at}.id", fields, _schema_checks(at, c)))
+        found = first.get("protocol")
+        if isinstance(found, str) and protocol is None:
+            protocol = found
+        elif isinstance(found, str) and found != protocol:
+            # AgentSpec has one protocol; guessing which endpoint is right would misroute.
+            _add(problems, f"{at}.endpoints[0].protocol", f"must match the others ({protocol})")
+    ttl, interval = _liveness(data.get("liveness"), problems)
+    agent = {
+        "name": data.get("name"),
+        "version": data.get("version"),
+        "description": data.get("description"),
+        "protocol": protocol,
+        "namespace": data.get("namespace"),
+        "team": _obj(data.get("metadata")).get("owner_team"),
+        "endpoint": data.get("endpoint"),
+        "lease_ttl_seconds": ttl,
+        "heartbeat_interval_seconds": interval,
+        "source_format": "yaml",
+    }
+    return _finish(agent, caps, problems)
+
+
+def parse_agent_card(card: object) -> AgentSpec:
+    """Parse an A2A Agent Card (already decoded) into an ``AgentSpec``.
+
+    Skills become capabilities. Skill ids and the card name are free text, so
+    they are folded into the id/name patterns (lower-case, runs of other
+    characters become '-'). A skill's ``x-reach`` object carries what a card
+    cannot: schemas, timeout, rate limit, languages, direction, kind, path.
+    Kind otherwise follows ``capabilities.streaming``. Raises ``DescriptorError``.
+    """
+    problems = _schema_problems(schemas.AGENT_CARD_SCHEMA, card)
+    if not isinstance(card, dict):
+        raise DescriptorError(problems)
+    streaming = _obj(card.get("capabilities")).get("streaming") is True
+    caps: list[_RawCapability] = []
+    for i, skill in _dicts(card.get("skills")):
+        at = f"skills[{i}]"
+        extension = _obj(skill.get("x-reach"))
+        fields = {
+            "capability_id": _folded(skill.get("id"), 128, f"{at}.id", problems),
+            "display_name": skill.get("name"),
+            "description": skill.get("description"),
+            "keywords": skill.get("tags"),
+            **_reach_fields(extension),
+            "kind": extension.get("kind", "stream" if streaming else "sync"),
+            "path": extension.get("path"),
+            "method": extension.get("method"),
+        }
+        caps.append((f"{at}.id", fields, _schema_checks(f"{at}.x-reach", extension)))
+    agent = {
+        "name": _folded(card.get("name"), 100, "name", problems),
+        "version": card.get("version"),
+        "description": card.get("description"),
+        "protocol": "a2a",
+        "team": _obj(card.get("provider")).get("organization"),
+        "endpoint": card.get("url"),
+        "source_format": "a2a",
+    }
+    return _finish(agent, caps, problems)
+
+
+def detect_and_parse(body: object) -> AgentSpec:
+    """Parse ``body`` in whichever format it is.
+
+    Text is ``capability.yaml``; a mapping with ``skills`` is an Agent Card;
+    anything else is treated as a JSON descriptor (so a non-mapping is reported
+    as ``$: must be an object``).
+    """
+    if isinstance(body, str):
+        return parse_capability_yaml(body)
+    if isinstance(body, dict) and "skills" in body:
+        return parse_agent_card(body)
+    return parse_json_descriptor(body)
+
+
+# -- validation ---------------------------------------------------------------
+
+
+def _schema_problems(schema: dict[str, Any], data: object) -> Problems:
+    """Every JSON Schema violation in ``data``, as path -> short messages."""
+    problems: Problems = {}
+    for error in Draft202012Validator(schema).iter_errors(data):
+        for path, message in _describe(error):
+            _add(problems, path, message)
+    return problems
+
+
+def _describe(error: ValidationError) -> list[tuple[str, str]]:
+    """Turn one jsonschema error into (path, message) pairs an author can act on."""
+    where = list(error.absolute_path)
+    keyword, value, schema = error.validator, error.validator_value, error.schema
+    if keyword == "required":
+        # Reported at the missing field itself: that is where the author must add it.
+        return [(_path([*where, p]), "is required") for p in value if p not in error.instance]
+    if keyword == "anyOf" and all(_lone_required(s) for s in value):
+        first, *others = (s["required"][0] for s in value)
+        return [(_path([*where, first]), f"is required (or {' or '.join(others)})")]
+    positive = schema.get("type") == "integer" and schema.get("minimum") == 1
+    if keyword in ("type", "minimum") and positive:
+        message = "must be a positive integer"
+    elif keyword == "type":
+        types = [value] if isinstance(value, str) else value
+        message = "must be " + " or ".join(_TYPE_WORDS.get(t, t) for t in types)
+    elif keyword == "enum":
+        message = "must be one of: " + ", ".join(map(str, value))
+    elif keyword == "pattern":
+        message = schemas.PATTERN_HINTS.get(value, f"must match {value}")
+    elif keyword == "maximum":
+        message = f"must be at most {value}"
+    elif keyword in ("minItems", "minLength") and value == 1:
+        message = "must not be empty"
+    elif keyword == "maxLength":
+        message = f"must be at most {value} characters"
+    else:
+        message = error.message
+    return [(_path(where), message)]
+
+
+def _lone_required(schema: object) -> bool:
+    """Whether ``schema`` is ``{"required": [one_name]}``, an alternative of "x or y"."""
+    return (
+        isinstance(schema, dict) and list(schema) == ["required"] and len(schema["required"]) == 1
+    )
+
+
+def _finish(agent: dict[str, Any], caps: list[_RawCapability], problems: Problems) -> AgentSpec:
+    """Run the cross-capability checks, then build the spec if nothing is wrong."""
+    seen: dict[str, str] = {}
+    for id_path, fields, checks in caps:
+        cap_id = fields["capability_id"]
+        if isinstance(cap_id, str) and cap_id in seen:
+            _add(problems, id_path, f"duplicate capability id {cap_id!r} (first at {seen[cap_id]})")
+        elif isinstance(cap_id, str):
+            seen[cap_id] = id_path
+        for path, schema in checks.items():
+            if isinstance(schema, dict):
+                _check_json_schema(path, schema, problems)
+    if problems:
+        raise DescriptorError(problems)
+    agent["capabilities"] = tuple(_capability(fields) for _, fields, _ in caps)
+    agent |= {key: _text(agent.get(key)) for key in ("description", "team")}
+    agent |= {key: _int(agent.get(key)) for key in _INT_FIELDS if key in agent}
+    return AgentSpec(**_given(agent))
+
+
+def _check_json_schema(path: str, schema: dict[str, Any], problems: Problems) -> None:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        inner = f" (at {_path(exc.absolute_path)})" if exc.absolute_path else ""
+        _add(problems, path, f"not a valid JSON Schema: {exc.message}{inner}")
+
+
+def _liveness(raw: object, problems: Problems) -> tuple[int | None, int | None]:
+    """Lease TTL and heartbeat interval; the TTL defaults to cover three intervals.
+
+    A TTL of at least three intervals lets an instance miss two heartbeats before its lease
+    lapses, so one slow beat does not flap it out of routing.
+    """
+    liveness = _obj(raw)
+    ttl, interval = liveness.get("ttl_seconds"), liveness.get("heartbeat_interval_seconds")
+    effective = interval if interval is not None else _DEFAULTS.heartbeat_interval_seconds
+    if not _is_int(effective):
+        return ttl, interval
+    if ttl is None:
+        ttl = max(_DEFAULTS.lease_ttl_seconds, 3 * effective)
+    elif _is_int(ttl) and ttl < 3 * effective:
+        _add(
+            problems,
+            "liveness.ttl_seconds",
+            # Spelled by name: ruff (RUF001) flags the literal sign as a look-alike of 'x'.
+            f"must be at least 3 \N{MULTIPLICATION SIGN} heartbeat_interval_seconds "
+            f"({3 * effective}) so two missed heartbeats do not expire the lease",
+        )
+    return ttl, interval
+
+
+# -- building -----------------------------------------------------------------
+
+
+def _json_capability(i: int, c: dict[str, Any]) -> _RawCapability:
+    at = f"capabilities[{i}]"
+    fields = {"capability_id": c.get("id", c.get("type")), **_described(c), **_reach_fields(c)}
+    fields |= {"kind": c.get("kind"), "path": c.get("path"), "method": c.get("method")}
+    checks = _schema_checks(at, c)
+    params = c.get("params")
+    if fields["input_schema"] is None and isinstance(params, dict):
+        fields["input_schema"] = {"type": "object", "properties": params}
+        # Report each parameter where the author wrote it, not at a schema they never wrote.
+        del checks[f"{at}.input_schema"]
+        checks |= {f"{at}.params.{name}": schema for name, schema in params.items()}
+    return f"{at}.id", fields, checks
+
+
+def _described(src: dict[str, Any]) -> dict[str, Any]:
+    return {k: src.get(k) for k in ("display_name", "description", "keywords")}
+
+
+def _reach_fields(src: dict[str, Any]) -> dict[str, Any]:
+    """CapabilitySpec fields every format spells alike (the card in ``x-reach``)."""
+    rate = _obj(src.get("rate_limit"))
+    return {
+        "languages": src.get("languages"),
+        "directions": src.get("direction"),
+        "input_schema": src.get("input_schema"),
+        "output_schema": src.get("output_schema"),
+        "timeout_ms": src.get("timeout_ms"),
+        "qps": rate.get("qps"),
+        "burst": rate.get("burst"),
+        "version": src.get("version"),
+    }
+
+
+def _schema_checks(at: str, src: dict[str, Any]) -> dict[str, Any]:
+    return {f"{at}.{key}": src.get(key) for key in ("input_schema", "output_schema")}
+
+
+def _capability(fields: dict[str, Any]) -> CapabilitySpec:
+    """Build from fields that passed validation; copies schemas so the spec aliases nothing."""
+    directions = fields["directions"]
+    built = {
+        **fields,
+        "display_name": _text(fields["display_name"]),
+        "description": _text(fields["description"]),
+        "keywords": _unique(fields["keywords"]),
+        "languages": _unique(fields["languages"]),
+        "directions": _unique([directions] if isinstance(directions, str) else directions),
+        "input_schema": copy.deepcopy(fields["input_schema"]),
+        "output_schema": copy.deepcopy(fields["output_schema"]),
+    }
+    built |= {key: _int(built[key]) for key in _INT_FIELDS if key in built}
+    return CapabilitySpec(**_given(built))
+
+
+def _folded(raw: object, limit: int, path: str, problems: Problems) -> str | None:
+    """Fold free text into an id: ASCII, lower-case, other runs -> '-', alnum at the start."""
+    if not isinstance(raw, str):
+        return None
+    ascii_text = unicodedata.normalize("NFKD", raw).encode("ascii", "ignore").decode()
+    folded = _NOT_IN_ID.sub("-", ascii_text.lower()).strip("-_.")[:limit].rstrip("-_.")
+    if not folded:
+        _add(problems, path, "needs at least one letter or digit")
+    return folded or None
+
+
+def _with_tls(endpoint: str) -> str:
+    return "https://" + endpoint[len("http://") :] if endpoint.startswith("http://") else endpoint
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    reason = getattr(exc, "problem", None) or str(exc)
+    return f"{reason} (line {mark.line + 1}, column {mark.column + 1})" if mark else reason
+
+
+# -- small helpers --------------------------------------------------------------
+
+
+def _path(parts: Iterable[str | int]) -> str:
+    """``["capabilities", 2, "timeout_ms"]`` -> ``capabilities[2].timeout_ms``; ``[]`` -> ``$``."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "$"
+
+
+def _add(problems: Problems, path: str, message: str) -> None:
+    messages = problems.setdefault(path, [])
+    if message not in messages:
+        messages.append(message)
+
+
+def _dicts(items: object) -> list[tuple[int, dict[str, Any]]]:
+    """The mapping entries of a list, with their indexes; the schema reports the rest."""
+    if not isinstance(items, list):
+        return []
+    return [(i, item) for i, item in enumerate(items) if isinstance(item, dict)]
+
+
+def _obj(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _is_int(value: object) -> bool:
+    if isinstance(value, float):
+        return value.is_integer()  # false for inf and nan too
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(value: object) -> int | None:
+    """``value`` as an int when it is integral; only called after validation."""
+    return int(value) if isinstance(value, int | float) and _is_int(value) else None
+
+
+def _text(value: object) -> str | None:
+    return value.strip() if isinstance(value, str) else None
+
+
+def _unique(values: list[str] | None) -> tuple[str, ...]:
+    """Stripped, non-empty, first occurrence kept: authors repeat keywords across lists."""
+    return tuple(dict.fromkeys(v.strip() for v in values or () if v.strip()))
+
+
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    """Drop the fields the author left out, so the dataclass defaults apply."""
+    return {k: v for k, v in values.items() if v is not None}

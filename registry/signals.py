@@ -1,0 +1,30 @@
+"""Every write to a row the data plane reads schedules a route-table delta.
+
+Signals rather than service calls so that nothing can bypass publication:
+the admin, the API, services and a shell session all go through ``save()``.
+Bulk ``update()`` calls skip signals and must call ``routes.changed``.
+"""
+
+from __future__ import annotations
+
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from registry import routes
+from registry.models import Agent, Capability, Instance
+from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
+
+_KINDS = {Tenant: "tenant", ApiKey: "api_key", Grant: "grant", Credential: "credential",
+          Quota: "quota"}
+
+
+@receiver([post_save, post_delete])
+def _route_change(sender, instance, **kwargs) -> None:
+    if kwargs.get("raw"):
+        return  # fixtures loading
+    if sender is Agent:
+        routes.changed("agent", instance.pk)
+    elif sender in (Capability, Instance):
+        routes.changed("agent", instance.agent_id)
+    elif sender in _KINDS:
+        routes.changed(_KINDS[sender], instance.pk)

@@ -1,0 +1,152 @@
+"""Builds route-table entries from the database: the only place the ORM meets ``routing``."""
+
+from __future__ import annotations
+
+import base64
+import types
+
+from django.db import transaction
+from django.db.models import Prefetch
+
+from registry.health import weight_factor
+from registry.models import Agent, Capability, Instance, RouteVersion
+from routing.table import (
+    AgentEntry,
+    ApiKeyEntry,
+    CapabilityEntry,
+    CredentialEntry,
+    GrantEntry,
+    InstanceEntry,
+    QuotaEntry,
+    RouteTable,
+    TenantEntry,
+    freeze,
+)
+from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
+
+
+def current_version() -> int:
+    return RouteVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+
+
+def _agents():
+    return Agent.objects.select_related("namespace").prefetch_related(
+        Prefetch("capabilities", queryset=Capability.objects.order_by("pk")),
+        Prefetch("instances", queryset=Instance.objects.order_by("pk")),
+    )
+
+
+def agent_entry(agent: Agent) -> AgentEntry:
+    return AgentEntry(
+        pk=agent.pk,
+        namespace=agent.namespace.name,
+        name=agent.name,
+        owner_tenant_pk=agent.owner_tenant_id,
+        version=agent.version,
+        description=agent.description,
+        protocol=agent.protocol,
+        visibility=agent.visibility,
+        internal_only=agent.internal_only,
+        weight=agent.weight,
+        priority=agent.priority,
+        price_input_per_1k=float(agent.price_input_per_1k),
+        price_output_per_1k=float(agent.price_output_per_1k),
+        price_per_call=float(agent.price_per_call),
+        pool_max_connections=agent.pool_max_connections,
+        pool_idle_seconds=agent.pool_idle_seconds,
+        capabilities=tuple(
+            CapabilityEntry(
+                pk=c.pk, capability_id=c.capability_id, display_name=c.display_name,
+                description=c.description, keywords=tuple(c.keywords),
+                languages=tuple(c.languages), directions=tuple(c.directions),
+                formats=tuple(c.formats), max_input_chars=c.max_input_chars,
+                input_schema=freeze(c.input_schema), output_schema=freeze(c.output_schema),
+                param_map=freeze(c.param_map), timeout_ms=c.timeout_ms, qps=c.qps,
+                burst=c.burst, kind=c.kind, version=c.version, path=c.path, method=c.method,
+            )
+            for c in agent.capabilities.all()
+        ),
+        instances=tuple(instance_entry(i) for i in agent.instances.all()),
+    )
+
+
+def instance_entry(i: Instance) -> InstanceEntry:
+    return InstanceEntry(
+        pk=i.pk, agent_pk=i.agent_id, endpoint=i.endpoint, reach_mode=i.reach_mode,
+        state=i.state, health_tier=i.health_tier,
+        weight_factor=weight_factor(state=i.state, health_tier=i.health_tier, flaps=i.flaps),
+        cpu=i.cpu, memory=i.memory, queue_depth=i.queue_depth, in_flight=i.in_flight,
+        capabilities_available=frozenset(i.capabilities_available),
+    )
+
+
+def tenant_entry(t: Tenant) -> TenantEntry:
+    return TenantEntry(pk=t.pk, slug=t.slug, is_active=t.is_active)
+
+
+def api_key_entry(k: ApiKey) -> ApiKeyEntry | None:
+    """None for a revoked key: the data plane never needs to know it existed."""
+    if k.revoked_at is not None:
+        return None
+    return ApiKeyEntry(
+        pk=k.pk, prefix=k.prefix, key_hash=k.key_hash, tenant_pk=k.tenant_id,
+        scopes=frozenset(k.scopes),
+        expires_at=k.expires_at.timestamp() if k.expires_at else None,
+    )
+
+
+def grant_entry(g: Grant) -> GrantEntry:
+    return GrantEntry(
+        pk=g.pk, tenant_pk=g.tenant_id, agent_pk=g.agent_id, capability_pk=g.capability_id
+    )
+
+
+def credential_entry(c: Credential) -> CredentialEntry:
+    return CredentialEntry(
+        pk=c.pk, tenant_pk=c.tenant_id, agent_pk=c.agent_id, kind=c.kind,
+        field_name=c.field_name,
+        secret_ciphertext=(
+            base64.b64encode(bytes(c.secret_ciphertext)).decode() if c.secret_ciphertext else ""
+        ),
+        value_env=c.value_env, client_cert_path=c.client_cert_path,
+        client_key_path=c.client_key_path,
+    )
+
+
+def quota_entry(q: Quota) -> QuotaEntry:
+    return QuotaEntry(
+        pk=q.pk, tenant_pk=q.tenant_id, agent_pk=q.agent_id, capability_pk=q.capability_id,
+        requests_per_minute=q.requests_per_minute, burst=q.burst,
+        monthly_requests=q.monthly_requests, monthly_tokens=q.monthly_tokens,
+        monthly_cost=float(q.monthly_cost) if q.monthly_cost is not None else None,
+    )
+
+
+# kind -> (table attribute, queryset of all rows, row -> entry or None)
+BUILDERS = {
+    "agent": ("agents", _agents, agent_entry),
+    "tenant": ("tenants", Tenant.objects.all, tenant_entry),
+    "api_key": ("api_keys", ApiKey.objects.all, api_key_entry),
+    "grant": ("grants", Grant.objects.all, grant_entry),
+    "credential": ("credentials", Credential.objects.all, credential_entry),
+    "quota": ("quotas", Quota.objects.all, quota_entry),
+}
+
+
+def entry_for(kind: str, pk: int):
+    """The current entry for one row, or None when it is gone (or not for the data plane)."""
+    _, rows, build = BUILDERS[kind]
+    row = rows().filter(pk=pk).first()
+    return build(row) if row is not None else None
+
+
+@transaction.atomic
+def build_table() -> RouteTable:
+    """The whole table as of now. The version is read first: any change it misses carries
+    a later version and arrives as a delta (entries are whole rows, so re-applying is safe)."""
+    version = current_version()
+    collections = {}
+    for attribute, rows, build in BUILDERS.values():
+        entries = (build(row) for row in rows().iterator(chunk_size=2000))
+        collections[attribute] = types.MappingProxyType({e.pk: e for e in entries if e})
+    return RouteTable(version=version, **collections).indexed()

@@ -1,0 +1,167 @@
+"""Keeps a process's route table current: deltas in order, full reload on a gap.
+
+The subscriber owns the one mutable reference in the data plane: ``table``.
+Readers take the reference once per call and use that immutable snapshot for
+the whole call, so a swap never tears a call in half.
+
+Failure modes it is built for:
+- a lost or reordered message: the next delta's version is not current + 1,
+  so the whole table is reloaded;
+- the database (the loader) unreachable: the last good table keeps serving and
+  the reload is retried at the next check;
+- a cold start with the database down: the table persisted to
+  ``snapshot_path`` is loaded instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from routing.table import (
+    RouteTable,
+    delta_from_wire,
+    load_from_wire,
+    table_from_wire,
+    table_to_wire,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class RouteTableSubscriber:
+    def __init__(
+        self,
+        *,
+        loader: Callable[[], RouteTable],
+        current_version: Callable[[], int] | None = None,
+        snapshot_path: Path | None = None,
+    ) -> None:
+        """``loader`` builds the whole table (from the database); ``current_version`` asks
+        only for the latest version, cheaply, for the periodic check."""
+        self._loader = loader
+        self._current_version = current_version
+        self._snapshot_path = snapshot_path
+        self._lock = threading.RLock()
+        self._dirty = False
+        self.table = RouteTable()
+        self.reloads = 0
+        self.stale = True  # True until a load from the source of truth succeeded
+        self._listeners: list[Callable[[RouteTable], None]] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> RouteTable:
+        """Load the table: from the loader, else from the snapshot file. Never raises."""
+        if not self.reload() and self._snapshot_path is not None:
+            cold = self._read_snapshot()
+            if cold is not None:
+                self._swap(cold)
+                logger.warning("route table: cold start from %s (v%s)", self._snapshot_path,
+                               cold.version)
+        return self.table
+
+    def on_change(self, listener: Callable[[RouteTable], None]) -> None:
+        """Call ``listener(table)`` after every swap (the gateway rebuilds pools from it)."""
+        self._listeners.append(listener)
+
+    # ---- messages ----------------------------------------------------------------------
+
+    def handle(self, message: dict) -> None:
+        """Apply one bus message. Safe to call from any thread."""
+        kind = message.get("type")
+        with self._lock:
+            if kind == "load":
+                self._swap(self.table.apply_load(load_from_wire(message)), persist=False)
+                return
+            if kind != "delta":
+                return
+            version = int(message["version"])
+            if version <= self.table.version:
+                return  # already folded in (e.g. by a reload that overtook it)
+            if version != self.table.version + 1 or self.stale:
+                logger.info(
+                    "route table: gap (have v%s, got v%s); reloading", self.table.version, version
+                )
+                self.reload()
+                return
+            self._swap(self.table.apply(delta_from_wire(message)))
+
+    def check(self) -> None:
+        """Periodic reconciliation: reload if behind; persist if changed since last write.
+
+        Catches the last message of a burst being lost, which no later delta would reveal.
+        """
+        behind = self.stale
+        if not behind and self._current_version is not None:
+            try:
+                behind = self._current_version() > self.table.version
+            except Exception as exc:
+                logger.warning("route table: version check failed (%s)", type(exc).__name__)
+        if behind:
+            self.reload()
+        self.persist_if_dirty()
+
+    def reload(self) -> bool:
+        """Replace the table from the loader. Returns False (keeping the old one) on failure."""
+        try:
+            table = self._loader()
+        except Exception as exc:
+            logger.warning(
+                "route table: reload failed (%s); serving v%s", type(exc).__name__,
+                self.table.version,
+            )
+            return False
+        with self._lock:
+            self.reloads += 1
+            self.stale = False
+            self._swap(table)
+        self.persist_if_dirty()
+        return True
+
+    # ---- persistence -------------------------------------------------------------------
+
+    def persist_if_dirty(self) -> None:
+        if self._snapshot_path is None or not self._dirty:
+            return
+        with self._lock:
+            table, self._dirty = self.table, False
+        data = orjson.dumps(table_to_wire(table))
+        directory = self._snapshot_path.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        # Write then rename: a crash mid-write never leaves a torn snapshot behind.
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".routes-", suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self._snapshot_path)
+        except OSError:
+            logger.exception("route table: could not persist the snapshot")
+            with self._lock:
+                self._dirty = True
+            Path(tmp).unlink(missing_ok=True)
+
+    def _read_snapshot(self) -> RouteTable | None:
+        try:
+            return table_from_wire(orjson.loads(self._snapshot_path.read_bytes()))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("route table: snapshot file unusable (%s)", exc)
+            return None
+
+    def _swap(self, table: RouteTable, *, persist: bool = True) -> None:
+        self.table = table
+        if persist:
+            self._dirty = True
+        for listener in self._listeners:
+            try:
+                listener(table)
+            except Exception:
+                logger.exception("route table listener failed")

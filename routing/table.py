@@ -1,0 +1,370 @@
+"""The route table: an immutable snapshot of everything the data plane needs.
+
+Built by the control plane from the database (``registry.snapshot``), shipped
+to gateways as a full snapshot or as versioned deltas, and read by the router
+and the gateway without any database access. Plain Python: importing this
+module must never import Django.
+
+Every entry is a frozen dataclass; a table is never changed in place, a delta
+produces a new table that shares the unchanged entries with the old one.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+_EMPTY: Mapping = types.MappingProxyType({})
+
+
+def _empty() -> Mapping:
+    return _EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityEntry:
+    pk: int
+    capability_id: str
+    display_name: str = ""
+    description: str = ""
+    keywords: tuple[str, ...] = ()
+    languages: tuple[str, ...] = ()
+    directions: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()
+    max_input_chars: int | None = None
+    input_schema: Mapping = field(default_factory=_empty)
+    output_schema: Mapping = field(default_factory=_empty)
+    param_map: Mapping = field(default_factory=_empty)
+    timeout_ms: int = 30_000
+    qps: int | None = None
+    burst: int | None = None
+    kind: str = "sync"
+    version: str = "1.0.0"
+    path: str = ""
+    method: str = "POST"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceEntry:
+    pk: int
+    agent_pk: int
+    endpoint: str
+    reach_mode: str = "direct"
+    state: str = "healthy"
+    health_tier: str = "healthy"
+    # Multiplier on the agent's weight from health: 1.0 healthy, lower when
+    # overloaded, unknown or flapping; the router multiplies, never removes.
+    weight_factor: float = 1.0
+    cpu: float = 0.0
+    memory: float = 0.0
+    queue_depth: int = 0
+    in_flight: int = 0
+    # Capability ids served now; empty means all of the agent's.
+    capabilities_available: frozenset[str] = frozenset()
+
+    def serves(self, capability_id: str) -> bool:
+        return not self.capabilities_available or capability_id in self.capabilities_available
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEntry:
+    pk: int
+    namespace: str
+    name: str
+    owner_tenant_pk: int
+    version: str = "1.0.0"
+    description: str = ""
+    protocol: str = "http"
+    visibility: str = "private"
+    internal_only: bool = False
+    weight: int = 100
+    priority: int = 1
+    price_input_per_1k: float = 0.0
+    price_output_per_1k: float = 0.0
+    price_per_call: float = 0.0
+    pool_max_connections: int = 64
+    pool_idle_seconds: int = 90
+    capabilities: tuple[CapabilityEntry, ...] = ()
+    instances: tuple[InstanceEntry, ...] = ()
+
+    def with_instance(self, instance: InstanceEntry) -> AgentEntry:
+        others = tuple(i for i in self.instances if i.pk != instance.pk)
+        return replace(self, instances=tuple(sorted((*others, instance), key=lambda i: i.pk)))
+
+    def without_instance(self, instance_pk: int) -> AgentEntry:
+        return replace(self, instances=tuple(i for i in self.instances if i.pk != instance_pk))
+
+
+@dataclass(frozen=True, slots=True)
+class TenantEntry:
+    pk: int
+    slug: str
+    is_active: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyEntry:
+    pk: int
+    prefix: str
+    key_hash: str
+    tenant_pk: int
+    scopes: frozenset[str] = frozenset()
+    # Seconds since the epoch; None never expires.
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GrantEntry:
+    pk: int
+    tenant_pk: int
+    agent_pk: int | None = None
+    capability_pk: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialEntry:
+    """A downstream credential as the gateway needs it. The secret stays encrypted here:
+    snapshots are written to disk, and decryption happens only when a call uses it."""
+
+    pk: int
+    tenant_pk: int
+    agent_pk: int
+    kind: str
+    field_name: str = ""
+    secret_ciphertext: str = ""
+    value_env: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntry:
+    pk: int
+    tenant_pk: int
+    agent_pk: int | None = None
+    capability_pk: int | None = None
+    requests_per_minute: int | None = None
+    burst: int | None = None
+    monthly_requests: int | None = None
+    monthly_tokens: int | None = None
+    monthly_cost: float | None = None
+
+
+# Kinds of entry a delta can carry, keyed by the name used on the wire.
+ENTRY_TYPES: dict[str, type] = {
+    "agent": AgentEntry,
+    "tenant": TenantEntry,
+    "api_key": ApiKeyEntry,
+    "grant": GrantEntry,
+    "credential": CredentialEntry,
+    "quota": QuotaEntry,
+}
+_COLLECTION = {
+    "agent": "agents",
+    "tenant": "tenants",
+    "api_key": "api_keys",
+    "grant": "grants",
+    "credential": "credentials",
+    "quota": "quotas",
+}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One change: ``entry`` replaces (``upsert``) or removes (``delete``) a row.
+
+    ``version`` is global and gap-free: a subscriber at version v applies v + 1
+    next, and reloads the whole table when it sees anything later.
+    """
+
+    version: int
+    kind: str
+    op: str  # "upsert" | "delete"
+    pk: int
+    entry: Any = None
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    version: int = 0
+    agents: Mapping[int, AgentEntry] = field(default_factory=_empty)
+    tenants: Mapping[int, TenantEntry] = field(default_factory=_empty)
+    api_keys: Mapping[int, ApiKeyEntry] = field(default_factory=_empty)
+    grants: Mapping[int, GrantEntry] = field(default_factory=_empty)
+    credentials: Mapping[int, CredentialEntry] = field(default_factory=_empty)
+    quotas: Mapping[int, QuotaEntry] = field(default_factory=_empty)
+    # Derived indexes, rebuilt by ``indexed()``; never shipped.
+    agents_by_capability: Mapping[str, tuple[int, ...]] = field(
+        default_factory=_empty, compare=False
+    )
+    api_keys_by_prefix: Mapping[str, ApiKeyEntry] = field(default_factory=_empty, compare=False)
+
+    def indexed(self) -> RouteTable:
+        by_cap: dict[str, list[int]] = {}
+        for agent in self.agents.values():
+            for cap in agent.capabilities:
+                by_cap.setdefault(cap.capability_id, []).append(agent.pk)
+        return replace(
+            self,
+            agents_by_capability=types.MappingProxyType(
+                {k: tuple(sorted(v)) for k, v in by_cap.items()}
+            ),
+            api_keys_by_prefix=types.MappingProxyType(
+                {k.prefix: k for k in self.api_keys.values()}
+            ),
+        )
+
+    def apply(self, delta: Delta) -> RouteTable:
+        """Return the table after ``delta``. The caller checks the version sequence."""
+        name = _COLLECTION[delta.kind]
+        rows = dict(getattr(self, name))
+        if delta.op == "delete":
+            rows.pop(delta.pk, None)
+        else:
+            rows[delta.pk] = delta.entry
+        return replace(
+            self, version=delta.version, **{name: types.MappingProxyType(rows)}
+        ).indexed()
+
+    def apply_load(self, report: LoadReport) -> RouteTable:
+        """Fold an unversioned load report into the instance it names, if present."""
+        agent = self.agents.get(report.agent_pk)
+        if agent is None:
+            return self
+        current = next((i for i in agent.instances if i.pk == report.instance_pk), None)
+        if current is None:
+            return self
+        updated = replace(
+            current, cpu=report.cpu, memory=report.memory, queue_depth=report.queue_depth,
+            in_flight=report.in_flight,
+        )
+        agents = dict(self.agents)
+        agents[agent.pk] = agent.with_instance(updated)
+        return replace(self, agents=types.MappingProxyType(agents))
+
+    def instance(self, instance_pk: int) -> InstanceEntry | None:
+        for agent in self.agents.values():
+            for inst in agent.instances:
+                if inst.pk == instance_pk:
+                    return inst
+        return None
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Load figures from a heartbeat that changed nothing structural.
+
+    Not versioned: latest wins, a lost one is replaced by the next heartbeat,
+    so heartbeats do not serialise on the version counter.
+    """
+
+    agent_pk: int
+    instance_pk: int
+    cpu: float
+    memory: float
+    queue_depth: int
+    in_flight: int
+
+
+# ---- wire format -------------------------------------------------------------------------
+# Plain dicts and lists, so orjson (or json) can write them and any process can read them.
+
+
+def _thaw(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return entry_to_wire(value)
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, tuple | list):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def entry_to_wire(entry: Any) -> dict:
+    return {f.name: _thaw(getattr(entry, f.name)) for f in fields(entry)}
+
+
+def freeze(value: Any) -> Any:
+    """Deep read-only copy of JSON data: dicts become mapping proxies, lists tuples."""
+    if isinstance(value, dict):
+        return types.MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def entry_from_wire(kind: str, data: Mapping) -> Any:
+    if kind == "agent":
+        return AgentEntry(
+            **{
+                **{k: v for k, v in data.items() if k not in ("capabilities", "instances")},
+                "capabilities": tuple(
+                    CapabilityEntry(**_capability_fields(c)) for c in data["capabilities"]
+                ),
+                "instances": tuple(
+                    InstanceEntry(
+                        **{**i, "capabilities_available": frozenset(i["capabilities_available"])}
+                    )
+                    for i in data["instances"]
+                ),
+            }
+        )
+    klass = ENTRY_TYPES[kind]
+    values = dict(data)
+    if klass is ApiKeyEntry:
+        values["scopes"] = frozenset(values["scopes"])
+    return klass(**values)
+
+
+def _capability_fields(data: Mapping) -> dict:
+    out = dict(data)
+    for name in ("keywords", "languages", "directions", "formats"):
+        out[name] = tuple(out.get(name) or ())
+    for name in ("input_schema", "output_schema", "param_map"):
+        out[name] = freeze(out.get(name) or {})
+    return out
+
+
+def table_to_wire(table: RouteTable) -> dict:
+    return {
+        "version": table.version,
+        **{
+            name: [entry_to_wire(e) for e in getattr(table, name).values()]
+            for name in _COLLECTION.values()
+        },
+    }
+
+
+def table_from_wire(data: Mapping) -> RouteTable:
+    collections = {}
+    for kind, name in _COLLECTION.items():
+        entries = [entry_from_wire(kind, row) for row in data.get(name, [])]
+        collections[name] = types.MappingProxyType({e.pk: e for e in entries})
+    return RouteTable(version=int(data["version"]), **collections).indexed()
+
+
+def delta_to_wire(delta: Delta) -> dict:
+    return {
+        "type": "delta", "version": delta.version, "kind": delta.kind, "op": delta.op,
+        "pk": delta.pk, "entry": entry_to_wire(delta.entry) if delta.entry is not None else None,
+    }
+
+
+def delta_from_wire(data: Mapping) -> Delta:
+    entry = data.get("entry")
+    return Delta(
+        version=int(data["version"]), kind=data["kind"], op=data["op"], pk=int(data["pk"]),
+        entry=entry_from_wire(data["kind"], entry) if entry is not None else None,
+    )
+
+
+def load_to_wire(report: LoadReport) -> dict:
+    return {"type": "load", **{f.name: getattr(report, f.name) for f in fields(report)}}
+
+
+def load_from_wire(data: Mapping) -> LoadReport:
+    return LoadReport(**{f.name: data[f.name] for f in fields(LoadReport)})
