@@ -70,6 +70,8 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "reach_platform.urls"
+# Never redirect an API call to add a slash: the redirect would drop a POST body.
+APPEND_SLASH = False
 
 TEMPLATES = [
     {

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import SimpleRouter
 
 from audit.api import AuditEntryViewSet
 from metering.api.views import UsageDailyViewSet, UsageEventViewSet
@@ -22,8 +22,9 @@ from tenants.api.views import (
     TenantViewSet,
 )
 
-router = DefaultRouter()
-router.include_root_view = False
+router = SimpleRouter()
+# Trailing slash optional: a redirect would drop a POST body, and clients differ.
+router.trailing_slash = "/?"
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("grants", GrantViewSet, basename="grant")

@@ -52,6 +52,7 @@ class RouteTableSubscriber:
         self._dirty = False
         self.table = RouteTable()
         self.reloads = 0
+        self.failures = 0  # reloads that failed (source of truth unreachable)
         self.stale = True  # True until a load from the source of truth succeeded
         self._listeners: list[Callable[[RouteTable], None]] = []
 
@@ -113,6 +114,7 @@ class RouteTableSubscriber:
         try:
             table = self._loader()
         except Exception as exc:
+            self.failures += 1
             logger.warning(
                 "route table: reload failed (%s); serving v%s", type(exc).__name__,
                 self.table.version,

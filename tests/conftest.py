@@ -48,3 +48,16 @@ def key_client(plaintext: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     return client
+
+
+@pytest.fixture
+def published(monkeypatch) -> list[dict]:
+    """Route-table messages the control plane publishes, captured in-process."""
+    from registry import routes
+    from routing.bus import InProcessBus
+
+    bus = InProcessBus()
+    messages: list[dict] = []
+    bus.subscribe(messages.append)
+    monkeypatch.setattr(routes, "route_bus", lambda: bus)
+    return messages

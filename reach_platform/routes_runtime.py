@@ -1,0 +1,82 @@
+"""Wiring a process's route-table subscriber to the database, the bus and a snapshot file.
+
+The gateway process (and ``manage.py reach_routes``) call ``start_route_subscriber``
+once; it keeps the table current from then on in background threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from reach_platform.bus import route_bus
+from routing.bus import RedisBus
+from routing.subscriber import RouteTableSubscriber
+
+logger = logging.getLogger(__name__)
+
+CHECK_INTERVAL_SECONDS = 2.0
+
+
+def _load():
+    from registry.snapshot import build_table
+
+    close_old_connections()
+    try:
+        return build_table()
+    finally:
+        close_old_connections()
+
+
+def _version() -> int:
+    from registry.snapshot import current_version
+
+    close_old_connections()
+    try:
+        return current_version()
+    finally:
+        close_old_connections()
+
+
+class RouteRuntime:
+    def __init__(self, subscriber: RouteTableSubscriber) -> None:
+        self.subscriber = subscriber
+        self._stop = threading.Event()
+        self._subscription = None
+        self._thread = threading.Thread(target=self._tick, name="route-check", daemon=True)
+
+    def start(self) -> RouteRuntime:
+        self.subscriber.start()
+        bus = route_bus()
+        if isinstance(bus, RedisBus):
+            self._subscription = bus.subscribe(self.subscriber.handle,
+                                               on_connect=self.subscriber.check)
+        else:
+            self._subscription = bus.subscribe(self.subscriber.handle)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._subscription is not None:
+            self._subscription.close()
+        self._thread.join(timeout=5)
+        self.subscriber.persist_if_dirty()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(CHECK_INTERVAL_SECONDS):
+            try:
+                self.subscriber.check()
+            except Exception:
+                logger.exception("route table check failed")
+
+
+def start_route_subscriber(snapshot_path=None) -> RouteRuntime:
+    subscriber = RouteTableSubscriber(
+        loader=_load, current_version=_version,
+        snapshot_path=snapshot_path or settings.DATA_DIR / "routes.json",
+    )
+    return RouteRuntime(subscriber).start()
