@@ -114,6 +114,9 @@ class RouteTableSubscriber:
         try:
             table = self._loader()
         except Exception as exc:
+            # A reload is only asked for when the table is behind (or at start),
+            # so after a failure it is known to be stale until one succeeds.
+            self.stale = True
             self.failures += 1
             logger.warning(
                 "route table: reload failed (%s); serving v%s", type(exc).__name__,

@@ -45,6 +45,14 @@ class CapabilityEntry:
     path: str = ""
     method: str = "POST"
 
+    def __post_init__(self) -> None:
+        # Schemas arrive as plain dicts from callers; a shared table must not be
+        # changeable through them.
+        for name in ("input_schema", "output_schema", "param_map"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, freeze(value))
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceEntry:

@@ -83,3 +83,29 @@ def uvicorn_args(port: int) -> list[str]:
         "-m", "uvicorn", "reach_platform.asgi:application", "--host", "127.0.0.1",
         "--port", str(port), "--lifespan", "off", "--log-level", "warning",
     ]
+
+
+def _pg_cluster() -> str:
+    return sorted(os.listdir("/etc/postgresql"))[-1]
+
+
+def _pg_ready() -> bool:
+    return subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", "5432", "-q"],
+                          check=False).returncode == 0
+
+
+@contextlib.contextmanager
+def postgres_stopped() -> Iterator[None]:
+    """Stop the machine's PostgreSQL for the block; always start it again and wait for it.
+
+    Callers must close Django's connections afterwards (they point at the old server).
+    """
+    cluster = ["pg_ctlcluster", "--skip-systemctl-redirect", _pg_cluster(), "main"]
+    subprocess.run([*cluster, "stop", "-m", "fast"], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*cluster, "start"], check=False, capture_output=True)
+        deadline = time.monotonic() + 60
+        while not _pg_ready() and time.monotonic() < deadline:
+            time.sleep(0.2)

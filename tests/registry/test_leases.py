@@ -1,0 +1,185 @@
+"""Leases and health on an injected clock: no test sleeps through a TTL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from django.utils import timezone
+
+from registry.health import Load
+from registry.models import Instance
+from registry.probe import instances_probe
+from registry.services import Heartbeat, instance_heartbeat, instances_sweep
+from registry.snapshot import build_table
+from tenants.choices import ApiKeyScope
+from tests import factories
+from tests.servers import ROOT
+
+TTL = dt.timedelta(seconds=30)
+
+
+def _start_agent(control_url: str, key: str, *extra: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.agents.registered_agent", control_url, key, *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"agent did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc, json.loads(line[len("READY "):])
+
+
+def _wait_for(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError("condition not met in time")
+
+
+@pytest.fixture
+def registration_key(transactional_db):
+    # transactional_db flushes what the migrations seeded; the agent needs its namespace.
+    factories.namespace("default")
+    tenant = factories.tenant()
+    return factories.api_key(tenant=tenant, scopes=[ApiKeyScope.REGISTER]).plaintext
+
+
+def test_a_killed_agent_goes_unknown_then_offline(live_server, registration_key):
+    proc, ready = _start_agent(live_server.url, registration_key)
+    try:
+        instance = Instance.objects.get(pk=ready["instance"])
+        first = instance.last_heartbeat_at
+        # Heartbeats arrive over real HTTP: wait for two more than registration's.
+        _wait_for(lambda: Instance.objects.filter(
+            pk=instance.pk, last_heartbeat_at__gt=first).exists())
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    instance.refresh_from_db()
+    assert instance.state == "healthy" and instance.cpu == pytest.approx(0.1)
+    last = instance.last_heartbeat_at
+    assert instances_sweep(now=last + TTL - dt.timedelta(seconds=1))["unknown"] == 0
+    assert instances_sweep(now=last + TTL)["unknown"] == 1
+    instance.refresh_from_db()
+    assert instance.state == "unknown"
+    table = build_table()
+    entry = table.agents[instance.agent_id].instances[0]
+    assert entry.state == "unknown" and 0 < entry.weight_factor < 1  # kept, weight lowered
+    assert instances_sweep(now=last + TTL + dt.timedelta(seconds=29))["offline"] == 0
+    assert instances_sweep(now=last + TTL + dt.timedelta(seconds=30))["offline"] == 1
+    instance.refresh_from_db()
+    assert instance.state == "offline"
+    # The process is dead: probing finds nobody, the instance stays offline.
+    assert instances_probe(now=last + TTL * 3)["recovered"] == 0
+
+
+def test_a_probe_brings_a_silent_but_alive_instance_back(live_server, registration_key):
+    proc, ready = _start_agent(live_server.url, registration_key, "--no-heartbeat")
+    try:
+        instance = Instance.objects.get(pk=ready["instance"])
+        registered = instance.last_heartbeat_at
+        instances_sweep(now=registered + TTL)
+        instances_sweep(now=registered + TTL * 2)
+        instance.refresh_from_db()
+        assert instance.state == "offline"
+        counts = instances_probe(now=registered + TTL * 2 + dt.timedelta(seconds=1))
+        assert counts == {"probed": 1, "recovered": 1}
+        instance.refresh_from_db()
+        assert instance.state == "healthy"
+        assert instance.lease_expires_at > registered + TTL * 2
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.django_db
+def test_a_flapping_instance_keeps_its_place_with_lowered_weight(world):
+    instance = factories.instance(agent=world.agent_a)
+    now = timezone.now()
+    instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    factors = []
+    for _ in range(3):
+        now += TTL  # a missed lease...
+        instances_sweep(now=now)
+        instance.refresh_from_db()
+        assert instance.state == "unknown"
+        now += dt.timedelta(seconds=5)  # ...and back within 2 x TTL: a flap
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+        instance.refresh_from_db()
+        assert instance.state == "healthy"
+        entry = build_table().agents[world.agent_a.pk].instances[0]
+        factors.append(entry.weight_factor)
+    assert factors == [0.5, 0.25, 0.125]
+    # Steady for more than 2 x TTL: forgiven.
+    for _ in range(8):
+        now += dt.timedelta(seconds=10)
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    assert build_table().agents[world.agent_a.pk].instances[0].weight_factor == 1.0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("load", "tier", "factor"),
+    [
+        (Load(cpu=0.2, memory=0.3), "healthy", 1.0),
+        (Load(cpu=0.95), "overloaded", 0.5),
+        (Load(queue_depth=80), "overloaded", 0.5),
+        (Load(in_flight=4, processed_recent=0), "sub_healthy", 0.0),
+        (Load(processed_recent=10, errors_recent=7), "sub_healthy", 0.0),
+    ],
+)
+def test_health_tiers_from_load(world, load, tier, factor):
+    instance = factories.instance(agent=world.agent_a)
+    instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=load))
+    instance.refresh_from_db()
+    assert instance.health_tier == tier
+    assert build_table().agents[world.agent_a.pk].instances[0].weight_factor == factor
+
+
+@pytest.mark.django_db
+def test_capability_level_health_from_heartbeats(world, published,
+                                                 django_capture_on_commit_callbacks):
+    factories.capability(agent=world.agent_a, capability_id="a.one")
+    factories.capability(agent=world.agent_a, capability_id="a.two")
+    instance = factories.instance(agent=world.agent_a)
+    with django_capture_on_commit_callbacks(execute=True):
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(
+            load=Load(), capabilities_available=["a.one"]))
+    entry = build_table().agents[world.agent_a.pk].instances[0]
+    assert entry.serves("a.one") and not entry.serves("a.two")
+    assert published[-1]["type"] == "delta"  # a structural change: versioned, at once
+    with django_capture_on_commit_callbacks(execute=True):
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(
+            load=Load(cpu=0.4), capabilities_available=["a.one"]))
+    assert published[-1]["type"] == "load"  # load only: unversioned
+    assert published[-1]["cpu"] == 0.4
+
+
+@pytest.mark.django_db
+def test_graceful_deregistration_drains_then_removes(world):
+    from registry.services import DRAIN_GRACE, instance_deregister
+
+    instance = factories.instance(agent=world.agent_a)
+    now = timezone.now()
+    instance_deregister(instance=instance, now=now)
+    instance.refresh_from_db()
+    assert instance.state == "draining"
+    assert build_table().agents[world.agent_a.pk].instances[0].weight_factor == 0.0
+    assert instances_sweep(now=now + DRAIN_GRACE - dt.timedelta(seconds=1))["removed"] == 0
+    assert instances_sweep(now=now + DRAIN_GRACE)["removed"] == 1
+    assert not Instance.objects.filter(pk=instance.pk).exists()

@@ -1,0 +1,191 @@
+"""The route table end to end: built from the database, kept current by deltas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from django.conf import settings
+from django.db import connections
+
+from registry.health import Load
+from registry.models import Agent, Instance
+from registry.services import Heartbeat, agent_register, instance_heartbeat
+from registry.snapshot import build_table
+from registry.spec import AgentSpec, CapabilitySpec
+from routing.subscriber import RouteTableSubscriber
+from routing.table import table_to_wire
+from tenants.models import ApiKey
+from tenants.services import api_key_revoke
+from tests import factories
+from tests.servers import ROOT, platform_env, postgres_stopped
+
+SECRET = "sk-downstream-do-not-persist"
+
+
+def spec(name: str, port: int, *capability_ids: str) -> AgentSpec:
+    return AgentSpec(
+        name=name, endpoint=f"http://127.0.0.1:{port}/",
+        capabilities=tuple(CapabilitySpec(capability_id=c) for c in capability_ids),
+    )
+
+
+@pytest.mark.django_db
+def test_deltas_replayed_on_a_start_snapshot_equal_a_fresh_build(
+    world, published, django_capture_on_commit_callbacks
+):
+    subscriber = RouteTableSubscriber(loader=build_table)
+    subscriber.start()
+    start_version = subscriber.table.version
+    with django_capture_on_commit_callbacks(execute=True):
+        registration = agent_register(tenant=world.tenant_a, spec=spec("x", 9301, "a.b", "a.c"))
+    with django_capture_on_commit_callbacks(execute=True):
+        agent_register(tenant=world.tenant_a, spec=spec("x", 9302, "a.b"))  # cap gone, + instance
+    with django_capture_on_commit_callbacks(execute=True):
+        instance_heartbeat(instance=registration.instance,
+                           heartbeat=Heartbeat(load=Load(cpu=0.99)))  # tier change
+    with django_capture_on_commit_callbacks(execute=True):
+        issued = factories.api_key(tenant=world.tenant_b)
+    with django_capture_on_commit_callbacks(execute=True):
+        api_key_revoke(api_key=issued.api_key)
+    with django_capture_on_commit_callbacks(execute=True):
+        factories.credential(tenant=world.tenant_a, agent=world.agent_a, secret=SECRET)
+    with django_capture_on_commit_callbacks(execute=True):
+        Agent.objects.filter(pk=world.agent_b.pk).delete()
+
+    versions = [m["version"] for m in published if m["type"] == "delta"]
+    assert versions == list(range(start_version + 1, start_version + 1 + len(versions)))
+    for message in published:
+        subscriber.handle(message)
+    assert subscriber.reloads == 1  # every delta applied in order, no reload needed
+    fresh = build_table()
+    assert subscriber.table == fresh
+    agent = fresh.agents[registration.agent.pk]
+    assert [c.capability_id for c in agent.capabilities] == ["a.b"]
+    assert [i.health_tier for i in agent.instances] == ["overloaded", "healthy"]
+    assert world.agent_b.pk not in fresh.agents
+    assert issued.api_key.pk not in fresh.api_keys  # revoked keys leave the data plane
+
+
+@pytest.mark.django_db
+def test_snapshots_hold_key_hashes_and_ciphertext_never_secrets(world, tmp_path):
+    issued = factories.api_key(tenant=world.tenant_a)
+    factories.credential(tenant=world.tenant_a, agent=world.agent_a, secret=SECRET)
+    subscriber = RouteTableSubscriber(loader=build_table, snapshot_path=tmp_path / "r.json")
+    subscriber.start()
+    data = (tmp_path / "r.json").read_bytes()
+    assert issued.api_key.key_hash.encode() in data
+    assert SECRET.encode() not in data and issued.plaintext.encode() not in data
+    assert (tmp_path / "r.json").stat().st_size == len(orjson.dumps(table_to_wire(
+        subscriber.table)))
+
+
+@pytest.mark.django_db
+def test_expired_keys_carry_their_expiry(world):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    issued = factories.api_key(tenant=world.tenant_a)
+    when = timezone.now() + dt.timedelta(days=1)
+    ApiKey.objects.filter(pk=issued.api_key.pk).update(expires_at=when)
+    entry = build_table().api_keys_by_prefix[issued.api_key.prefix]
+    assert entry.expires_at == pytest.approx(when.timestamp())
+
+
+# ---- a separate process, real PostgreSQL and Redis ---------------------------------------
+
+needs_services = pytest.mark.skipif(
+    not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),
+    reason="runs against the real PostgreSQL and Redis (.ci/run sets DATABASE_URL, REDIS_URL)",
+)
+
+
+class Watcher:
+    """``manage.py reach_routes`` in a subprocess: a gateway's subscriber, observable."""
+
+    def __init__(self, snapshot, env) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "reach_routes", "--snapshot", str(snapshot)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+
+    def next_line(self, predicate, timeout: float = 30.0) -> dict:
+        """Read lines until one satisfies ``predicate``. Bounded by ``timeout``."""
+        import selectors
+
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=deadline - time.monotonic()):
+                    break
+                raw = self.proc.stdout.readline()
+                if not raw:
+                    break
+                line = json.loads(raw)
+                if predicate(line):
+                    return line
+        raise TimeoutError("watcher did not report the expected state")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+
+
+@needs_services
+def test_a_separate_process_follows_changes_and_survives_postgres_going_away(
+    transactional_db, tmp_path
+):
+    db = settings.DATABASES["default"]
+    env = platform_env(
+        tmp_path,
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        REDIS_URL=settings.REDIS_URL,
+        REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
+        REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
+    )
+    factories.namespace("default")
+    tenant = factories.tenant()
+    snapshot = tmp_path / "routes.json"
+    watcher = Watcher(snapshot, env)
+    cold = None
+    try:
+        watcher.next_line(lambda line: line["event"] == "start")
+        agent_register(tenant=tenant, spec=spec("follow-me", 9401, "x.y"))
+        endpoint = "http://127.0.0.1:9401/"
+        seen = watcher.next_line(lambda line: endpoint in line["instances"])
+        assert seen["instances"][endpoint] == "healthy"
+        deadline = time.monotonic() + 10
+        while endpoint.encode() not in (snapshot.read_bytes() if snapshot.exists() else b""):
+            assert time.monotonic() < deadline, "snapshot was never persisted"
+            time.sleep(0.1)
+
+        with postgres_stopped():
+            # A delta from the future: the watcher must reload, cannot, keeps serving.
+            from reach_platform.bus import route_bus
+
+            route_bus().publish({"type": "delta", "version": seen["version"] + 5,
+                                 "kind": "tenant", "op": "delete", "pk": 0, "entry": None})
+            failed = watcher.next_line(lambda line: line["event"] == "reload_failed")
+            assert failed["instances"] == {endpoint: "healthy"} and failed["stale"]
+            # A process starting now finds no database: it cold-starts from the file.
+            cold = Watcher(snapshot, env)
+            started = cold.next_line(lambda line: line["event"] == "start")
+            assert started["instances"] == {endpoint: "healthy"}
+            assert started["version"] == seen["version"]
+        connections.close_all()
+        # Back up: the stale watcher reconciles on its own.
+        recovered = watcher.next_line(lambda line: line["event"] == "change" and not line["stale"])
+        assert endpoint in recovered["instances"]
+        assert Instance.objects.filter(endpoint=endpoint).exists()
+    finally:
+        connections.close_all()
+        watcher.close()
+        if cold is not None:
+            cold.close()

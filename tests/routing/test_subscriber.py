@@ -1,0 +1,172 @@
+"""The subscriber alone: a loader that is a plain function, no database."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.subscriber import RouteTableSubscriber
+from routing.table import (
+    AgentEntry,
+    CapabilityEntry,
+    Delta,
+    InstanceEntry,
+    LoadReport,
+    RouteTable,
+    delta_to_wire,
+    load_to_wire,
+    table_from_wire,
+    table_to_wire,
+)
+
+
+def agent(pk: int, *, version: str = "1.0.0", endpoint: str | None = None) -> AgentEntry:
+    return AgentEntry(
+        pk=pk, namespace="default", name=f"agent-{pk}", owner_tenant_pk=1, version=version,
+        capabilities=(CapabilityEntry(pk=pk * 10, capability_id=f"cap.{pk}",
+                                      input_schema={"type": "object"}),),
+        instances=(InstanceEntry(pk=pk * 100, agent_pk=pk,
+                                 endpoint=endpoint or f"http://127.0.0.1:{9000 + pk}/"),),
+    )
+
+
+class Source:
+    """The source of truth as the subscriber sees it: a table, a version, and an outage switch."""
+
+    def __init__(self) -> None:
+        self.table = RouteTable(version=0)
+        self.down = False
+        self.loads = 0
+
+    def upsert(self, entry: AgentEntry) -> dict:
+        delta = Delta(version=self.table.version + 1, kind="agent", op="upsert", pk=entry.pk,
+                      entry=entry)
+        self.table = self.table.apply(delta)
+        return delta_to_wire(delta)
+
+    def load(self) -> RouteTable:
+        if self.down:
+            raise ConnectionError("database unreachable")
+        self.loads += 1
+        return self.table
+
+    def version(self) -> int:
+        if self.down:
+            raise ConnectionError("database unreachable")
+        return self.table.version
+
+
+@pytest.fixture
+def source() -> Source:
+    return Source()
+
+
+def make(source: Source, path=None) -> RouteTableSubscriber:
+    return RouteTableSubscriber(loader=source.load, current_version=source.version,
+                                snapshot_path=path)
+
+
+def test_deltas_apply_in_order_without_reloading(source):
+    sub = make(source)
+    sub.start()
+    for pk in (1, 2, 3):
+        sub.handle(source.upsert(agent(pk)))
+    assert sub.table.version == 3 and set(sub.table.agents) == {1, 2, 3}
+    assert sub.reloads == 1  # the start only
+    assert sub.table.agents_by_capability["cap.2"] == (2,)
+
+
+def test_an_old_or_duplicate_delta_is_ignored(source):
+    sub = make(source)
+    sub.start()
+    first = source.upsert(agent(1, version="1.0.0"))
+    second = source.upsert(agent(1, version="2.0.0"))
+    sub.handle(first)
+    sub.handle(second)
+    sub.handle(first)
+    assert sub.table.agents[1].version == "2.0.0" and sub.table.version == 2
+
+
+def test_a_gap_triggers_a_full_reload(source):
+    sub = make(source)
+    sub.start()
+    source.upsert(agent(1))  # lost on the way
+    sub.handle(source.upsert(agent(2)))
+    assert sub.reloads == 2
+    assert sub.table.version == 2 and set(sub.table.agents) == {1, 2}
+
+
+def test_a_lost_last_message_is_caught_by_the_periodic_check(source):
+    sub = make(source)
+    sub.start()
+    source.upsert(agent(1))  # lost, and nothing follows it
+    sub.check()
+    assert sub.table.version == 1 and 1 in sub.table.agents
+
+
+def test_the_last_good_table_keeps_serving_when_the_source_is_down(source):
+    sub = make(source)
+    sub.start()
+    sub.handle(source.upsert(agent(1)))
+    source.down = True
+    source.upsert(agent(2))
+    sub.handle(source.upsert(agent(3)))  # a gap, and the reload fails
+    sub.check()
+    assert sub.failures == 2
+    assert sub.table.version == 1 and set(sub.table.agents) == {1}
+    source.down = False
+    sub.check()
+    assert sub.table.version == 3 and set(sub.table.agents) == {1, 2, 3}
+
+
+def test_cold_start_from_the_snapshot_file(source, tmp_path):
+    path = tmp_path / "routes.json"
+    first = make(source, path)
+    first.start()
+    first.handle(source.upsert(agent(1)))
+    first.handle(source.upsert(agent(2, endpoint="http://[::1]:9002/")))
+    first.persist_if_dirty()
+    source.down = True
+    second = make(source, path)
+    second.start()
+    assert second.table == first.table
+    assert second.stale  # served, but known to need a reload
+    assert second.table.agents[2].instances[0].endpoint == "http://[::1]:9002/"
+    source.down = False
+    second.handle(source.upsert(agent(3)))
+    assert set(second.table.agents) == {1, 2, 3} and not second.stale
+
+
+def test_a_torn_snapshot_file_is_ignored(source, tmp_path):
+    path = tmp_path / "routes.json"
+    path.write_text('{"version": 3, "agents": [')
+    source.down = True
+    sub = make(source, path)
+    assert sub.start() == RouteTable()
+
+
+def test_load_reports_change_figures_without_a_version(source):
+    sub = make(source)
+    sub.start()
+    sub.handle(source.upsert(agent(1)))
+    sub.handle(load_to_wire(LoadReport(agent_pk=1, instance_pk=100, cpu=0.7, memory=0.2,
+                                       queue_depth=3, in_flight=1)))
+    inst = sub.table.agents[1].instances[0]
+    assert (inst.cpu, inst.queue_depth, sub.table.version) == (0.7, 3, 1)
+    # a report for an instance that is not there changes nothing
+    sub.handle(load_to_wire(LoadReport(agent_pk=9, instance_pk=9, cpu=1, memory=1,
+                                       queue_depth=1, in_flight=1)))
+    assert set(sub.table.agents) == {1}
+
+
+def test_wire_round_trip_preserves_every_field(source):
+    for pk in (1, 2):
+        source.upsert(agent(pk))
+    assert table_from_wire(table_to_wire(source.table)) == source.table
+
+
+def test_entries_are_immutable():
+    entry = agent(1)
+    with pytest.raises(AttributeError):
+        entry.name = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        entry.capabilities[0].input_schema["type"] = "array"  # type: ignore[index]
