@@ -110,7 +110,7 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
             "pool": {
                 "min_size": 1,
                 "max_size": env.int("REACH_DB_POOL_SIZE", default=8),
-                "timeout": 5,
+                "timeout": 3,
             },
         }
     )

@@ -6,7 +6,14 @@ from django.db.models import Count, Q
 from audit.models import AuditAction
 from reach_platform.admin_base import TenantScopedAdmin, audit_admin_write, badge
 from registry.choices import InstanceState
-from registry.models import Agent, Capability, Instance, Namespace, ParameterSynonym
+from registry.models import (
+    Agent,
+    AgentToken,
+    Capability,
+    Instance,
+    Namespace,
+    ParameterSynonym,
+)
 from registry.services import instance_drain
 from tenants.principal import principal_for_request
 
@@ -155,3 +162,37 @@ class InstanceAdmin(TenantScopedAdmin):
                 audit_admin_write(request, instance, AuditAction.ACTION, None)
                 drained += 1
         self.message_user(request, f"Draining {drained} instance(s).", messages.SUCCESS)
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(TenantScopedAdmin):
+    """Agent tokens are issued by registration only; here they are seen and revoked."""
+
+    list_display = ["prefix", "agent", "status_badge", "created_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    list_select_related = ["agent__namespace"]
+    search_fields = ["prefix", "agent__name"]
+    readonly_fields = ["prefix", "agent", "created_at", "revoked_at"]
+    fields = readonly_fields
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.display(description="status")
+    def status_badge(self, obj: AgentToken):
+        return badge("revoked" if obj.revoked_at else "active")
+
+    @admin.action(description="Revoke selected agent tokens")
+    def revoke(self, request, queryset):
+        from django.utils import timezone
+
+        principal = principal_for_request(request)
+        revoked = 0
+        for token in queryset.select_related("agent"):
+            if principal.can_manage(token.agent.owner_tenant_id) and token.revoked_at is None:
+                token.revoked_at = timezone.now()
+                token.save(update_fields=["revoked_at"])
+                audit_admin_write(request, token, AuditAction.ACTION, None)
+                revoked += 1
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)

@@ -183,3 +183,38 @@ def test_graceful_deregistration_drains_then_removes(world):
     assert instances_sweep(now=now + DRAIN_GRACE - dt.timedelta(seconds=1))["removed"] == 0
     assert instances_sweep(now=now + DRAIN_GRACE)["removed"] == 1
     assert not Instance.objects.filter(pk=instance.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_process_scheduler_runs_the_sweep(world):
+    """The embedded mode's scheduler calls the same job functions Celery beat would."""
+    import threading
+
+    from reach_platform.scheduler import InProcessScheduler
+
+    instance = factories.instance(agent=world.agent_a)
+    Instance.objects.filter(pk=instance.pk).update(
+        lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    swept = threading.Event()
+
+    def sweep():
+        instances_sweep()
+        swept.set()
+
+    scheduler = InProcessScheduler({"sweep": (0.05, sweep)})
+    scheduler.start()
+    try:
+        assert swept.wait(10)
+    finally:
+        scheduler.stop()
+    instance.refresh_from_db()
+    assert instance.state == "unknown"
+
+
+def test_celery_beat_schedules_the_registry_jobs():
+    from reach_platform.celery import app
+
+    app.loader.import_default_modules()
+    scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert {"registry.sweep_leases", "registry.probe_instances"} <= scheduled
+    assert scheduled <= set(app.tasks)

@@ -40,7 +40,19 @@ class Command(BaseCommand):
             ]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
-        uvicorn.run(
-            "reach_platform.asgi:application", host=host, port=port, log_level="info",
-            lifespan="off", proxy_headers=False,
-        )
+        scheduler = None
+        if not settings.REDIS_URL:
+            # Embedded mode: lease sweeps and probes run here; in production
+            # Celery beat runs the same jobs (reach_platform.celery).
+            from reach_platform.scheduler import default_scheduler
+
+            scheduler = default_scheduler()
+            scheduler.start()
+        try:
+            uvicorn.run(
+                "reach_platform.asgi:application", host=host, port=port, log_level="info",
+                lifespan="off", proxy_headers=False,
+            )
+        finally:
+            if scheduler is not None:
+                scheduler.stop()
