@@ -91,7 +91,7 @@ class AgentAdmin(TenantScopedAdmin):
             ("namespace", "name", "version"), "description", ("protocol", "schema_version"),
             ("owner_tenant", "team"), ("visibility", "internal_only"),
         ]}),
-        ("Routing", {"fields": [("weight", "priority")]}),
+        ("Routing", {"fields": [("weight", "priority", "traffic_percent")]}),
         ("Liveness", {"fields": [
             ("heartbeat_interval_seconds", "lease_ttl_seconds", "probe_path"),
         ]}),

@@ -3,7 +3,12 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator, URLValidator
+from django.core.validators import (
+    MaxValueValidator,
+    MinValueValidator,
+    RegexValidator,
+    URLValidator,
+)
 from django.db import models
 
 from reach_platform.scoping import TenantScopedQuerySet
@@ -77,6 +82,11 @@ class Agent(models.Model):
     priority = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1)],
         help_text="Priority tier: 1 is used before 2 while any of tier 1 is healthy.",
+    )
+    traffic_percent = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(99)],
+        help_text="A/B split: the share of its capabilities' calls this agent takes "
+        "(e.g. 10 for a new version); agents without a share split the rest.",
     )
     price_input_per_1k = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal(0),

@@ -49,6 +49,7 @@ def agent_entry(agent: Agent) -> AgentEntry:
         internal_only=agent.internal_only,
         weight=agent.weight,
         priority=agent.priority,
+        traffic_percent=agent.traffic_percent,
         price_input_per_1k=float(agent.price_input_per_1k),
         price_output_per_1k=float(agent.price_output_per_1k),
         price_per_call=float(agent.price_per_call),

@@ -89,6 +89,9 @@ class AgentEntry:
     internal_only: bool = False
     weight: int = 100
     priority: int = 1
+    # An A/B split: this agent takes this share (percent) of its capabilities'
+    # traffic, the agents without a share split the rest. None: no split.
+    traffic_percent: int | None = None
     price_input_per_1k: float = 0.0
     price_output_per_1k: float = 0.0
     price_per_call: float = 0.0
@@ -208,6 +211,9 @@ class RouteTable:
         default_factory=_empty, compare=False
     )
     api_keys_by_prefix: Mapping[str, ApiKeyEntry] = field(default_factory=_empty, compare=False)
+    grants_by_tenant: Mapping[int, tuple[GrantEntry, ...]] = field(
+        default_factory=_empty, compare=False
+    )
 
     def indexed(self) -> RouteTable:
         by_cap: dict[str, list[int]] = {}
@@ -222,19 +228,23 @@ class RouteTable:
             api_keys_by_prefix=types.MappingProxyType(
                 {k.prefix: k for k in self.api_keys.values()}
             ),
+            grants_by_tenant=_grants_by_tenant(self.grants),
         )
 
     def apply(self, delta: Delta) -> RouteTable:
-        """Return the table after ``delta``. The caller checks the version sequence."""
+        """Return the table after ``delta``. The caller checks the version sequence.
+
+        Derived indexes are rebuilt only when their source changed, so their
+        identity tells readers (the router's caches) whether anything they
+        depend on moved."""
         name = _COLLECTION[delta.kind]
         rows = dict(getattr(self, name))
         if delta.op == "delete":
             rows.pop(delta.pk, None)
         else:
             rows[delta.pk] = delta.entry
-        return replace(
-            self, version=delta.version, **{name: types.MappingProxyType(rows)}
-        ).indexed()
+        table = replace(self, version=delta.version, **{name: types.MappingProxyType(rows)})
+        return table.indexed() if delta.kind in ("agent", "api_key", "grant") else table
 
     def apply_load(self, report: LoadReport) -> RouteTable:
         """Fold an unversioned load report into the instance it names, if present."""
@@ -258,6 +268,13 @@ class RouteTable:
                 if inst.pk == instance_pk:
                     return inst
         return None
+
+
+def _grants_by_tenant(grants: Mapping[int, GrantEntry]) -> Mapping:
+    out: dict[int, list[GrantEntry]] = {}
+    for grant in grants.values():
+        out.setdefault(grant.tenant_pk, []).append(grant)
+    return types.MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 
 @dataclass(frozen=True)

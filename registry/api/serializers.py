@@ -65,7 +65,8 @@ class AgentSerializer(CleanModelSerializer):
         model = Agent
         fields = [
             "id", "namespace", "name", "version", "description", "protocol", "owner_tenant",
-            "team", "visibility", "internal_only", "weight", "priority", "price_input_per_1k",
+            "team", "visibility", "internal_only", "weight", "priority", "traffic_percent",
+            "price_input_per_1k",
             "price_output_per_1k", "price_per_call", "pool_max_connections",
             "pool_idle_seconds", "schema_version", "heartbeat_interval_seconds",
             "lease_ttl_seconds", "probe_path", "capabilities", "instances",

@@ -1,0 +1,493 @@
+"""The router: from a request to a ranked, explained choice of instance.
+
+Plain Python over a ``RouteTable``: match (capability id or intent), filter
+(constraints, access, health), score (weight x health - load pressure, with
+observed success and latency), tier by priority, prefer cost if asked, split
+A/B shares, then balance with smooth weighted round robin.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from routing.balancer import SmoothWeightedRoundRobin
+from routing.matcher import CapabilityText, IntentIndex, Match, Score
+from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable
+
+QUEUE_NORM = 50  # queue depth counted as full pressure
+WEIGHT_SCALE = 1000  # SWRR needs integers; scores become thousandths
+
+
+# ---- requests and decisions ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    tenant_pk: int
+    capability: str | None = None
+    intent: str | None = None
+    namespace: str = "default"
+    min_version: str | None = None
+    src_lang: str | None = None
+    dest_lang: str | None = None
+    input_format: str | None = None
+    input_chars: int | None = None
+    cost_preference: str = "best"  # "best" or "cheapest"
+    # The caller's network is one internal_only agents accept (decided by the gateway).
+    internal_network: bool = False
+
+
+@dataclass(frozen=True)
+class Candidate:
+    agent: AgentEntry
+    capability: CapabilityEntry
+    instance: InstanceEntry
+    match: float
+    health_factor: float
+    load_pressure: float
+    success_factor: float
+    latency_factor: float
+    score: float
+
+    def explain(self) -> dict:
+        return {
+            "agent": self.agent.name, "agent_id": self.agent.pk,
+            "namespace": self.agent.namespace, "instance_id": self.instance.pk,
+            "capability": self.capability.capability_id,
+            "capability_version": self.capability.version,
+            "priority": self.agent.priority, "traffic_percent": self.agent.traffic_percent,
+            "scores": {
+                "match": self.match, "weight": self.agent.weight,
+                "health_factor": self.health_factor,
+                "load_pressure": round(self.load_pressure, 4),
+                "success_factor": round(self.success_factor, 4),
+                "latency_factor": round(self.latency_factor, 4),
+                "final": round(self.score, 4),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Dropped:
+    agent: str
+    capability: str
+    reason: str
+    detail: str = ""
+    instance_id: int | None = None
+
+    def explain(self) -> dict:
+        out = {"agent": self.agent, "capability": self.capability, "reason": self.reason}
+        if self.detail:
+            out["detail"] = self.detail
+        if self.instance_id is not None:
+            out["instance_id"] = self.instance_id
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the router decided. ``error`` is ``no_capability`` or ``no_healthy_instance``
+    when nothing was chosen; ``plan`` lists capability ids when the intent asked for
+    several steps (the first step's instance is ``chosen``)."""
+
+    capability: str | None
+    chosen: Candidate | None
+    candidates: tuple[Candidate, ...] = ()
+    dropped: tuple[Dropped, ...] = ()
+    matches: tuple[Score, ...] = ()
+    plan: tuple[str, ...] = ()
+    covered: bool = False
+    error: str | None = None
+
+    def explain(self) -> dict:
+        out = {
+            "capability": self.capability,
+            "chosen": self.chosen.explain() if self.chosen else None,
+            "candidates": [c.explain() for c in self.candidates],
+            "dropped": [d.explain() for d in self.dropped],
+        }
+        if self.matches:
+            out["matches"] = [
+                {"capability": s.capability_id, "score": s.score, "exact": s.exact,
+                 "lexical": round(s.lexical, 4), "semantic": round(s.semantic, 4)}
+                for s in self.matches[:10]
+            ]
+        if self.plan:
+            out["plan"] = list(self.plan)
+        if self.covered:
+            out["covered"] = True
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+# ---- feedback from the gateway -------------------------------------------------------
+
+
+class Feedback:
+    """Observed success rate and latency per instance, as exponentially weighted averages.
+
+    The gateway records every call; the router reads. An instance with no
+    observations counts as perfect, so new instances get traffic to be measured.
+    """
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self._alpha = alpha
+        self._success: dict[int, float] = {}
+        self._latency: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def record(self, instance_pk: int, *, ok: bool, latency_ms: float) -> None:
+        a = self._alpha
+        with self._lock:
+            s = self._success.get(instance_pk, 1.0)
+            self._success[instance_pk] = (1 - a) * s + a * (1.0 if ok else 0.0)
+            if ok:
+                lat = self._latency.get(instance_pk)
+                self._latency[instance_pk] = latency_ms if lat is None else (
+                    (1 - a) * lat + a * latency_ms
+                )
+
+    def success(self, instance_pk: int) -> float:
+        return self._success.get(instance_pk, 1.0)
+
+    def latency(self, instance_pk: int) -> float | None:
+        return self._latency.get(instance_pk)
+
+
+# ---- filters: each returns a reason, or None to keep --------------------------------------
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def may_reach(table: RouteTable, tenant_pk: int, agent: AgentEntry,
+              capability: CapabilityEntry) -> bool:
+    """Owner, public agent, or a grant on the agent or the capability."""
+    if agent.owner_tenant_pk == tenant_pk or agent.visibility == "public":
+        return True
+    return _granted(table, tenant_pk, agent, capability)
+
+
+def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
+             capability: CapabilityEntry) -> bool:
+    return any(
+        g.tenant_pk == tenant_pk and (g.agent_pk == agent.pk or g.capability_pk == capability.pk)
+        for g in table.grants_by_tenant.get(tenant_pk, ())
+    )
+
+
+def capability_filter(
+    table: RouteTable, request: RouteRequest, agent: AgentEntry, capability: CapabilityEntry
+) -> tuple[str, str] | None:
+    granted = _granted(table, request.tenant_pk, agent, capability)
+    owner = agent.owner_tenant_pk == request.tenant_pk
+    if agent.namespace != request.namespace and not granted:
+        return "namespace", f"agent is in namespace {agent.namespace!r}; no grant reaches it"
+    if not (owner or granted or agent.visibility == "public"):
+        return "not_granted", "the tenant has no grant for this agent"
+    if agent.internal_only and not ((owner or granted) and request.internal_network):
+        return "internal_only", "internal agent: tenant or source network not allowed"
+    if request.min_version and version_tuple(capability.version) < version_tuple(
+        request.min_version
+    ):
+        return "version", f"capability version {capability.version} < {request.min_version}"
+    reason = language_reason(capability, request.src_lang, request.dest_lang)
+    if reason:
+        return "language", reason
+    if request.input_format and capability.formats and request.input_format not in (
+        capability.formats
+    ):
+        return "format", f"accepts {', '.join(capability.formats)}"
+    if (
+        request.input_chars is not None
+        and capability.max_input_chars is not None
+        and request.input_chars > capability.max_input_chars
+    ):
+        return "input_too_long", f"input of {request.input_chars} chars > max " \
+            f"{capability.max_input_chars}"
+    return None
+
+
+def language_reason(capability: CapabilityEntry, src: str | None, dest: str | None) -> str:
+    if not (src or dest):
+        return ""
+    if capability.directions:
+        ok = any(
+            (not src or d.split("->")[0] == src) and (not dest or d.split("->")[-1] == dest)
+            for d in capability.directions
+        )
+        if not ok:
+            return f"no direction {src or '*'}->{dest or '*'} in {', '.join(capability.directions)}"
+        return ""
+    if capability.languages:
+        missing = [x for x in (src, dest) if x and x not in capability.languages]
+        if missing:
+            return f"language {missing[0]} not in {', '.join(capability.languages)}"
+    return ""
+
+
+def instance_filter(
+    instance: InstanceEntry, capability: CapabilityEntry, open_breakers: frozenset[int]
+) -> tuple[str, str] | None:
+    if instance.state in ("offline", "draining"):
+        return f"instance_{instance.state}", ""
+    if not instance.serves(capability.capability_id):
+        return "capability_unavailable", "the instance's heartbeat does not list it"
+    if instance.health_tier == "sub_healthy":
+        return "sub_healthy", "probe traffic only"
+    if instance.pk in open_breakers:
+        return "circuit_open", ""
+    return None
+
+
+# ---- scoring -----------------------------------------------------------------------------
+
+
+def load_pressure(instance: InstanceEntry) -> float:
+    """0.3 cpu + 0.3 memory + 0.4 queue depth (normalised to ``QUEUE_NORM``); 0..1."""
+    queue = min(1.0, instance.queue_depth / QUEUE_NORM)
+    return 0.3 * min(1.0, instance.cpu) + 0.3 * min(1.0, instance.memory) + 0.4 * queue
+
+
+def base_score(agent: AgentEntry, instance: InstanceEntry) -> float:
+    """Weight (100 = 1.0) x health factor - load pressure. A loaded instance keeps a
+    trickle (5 % of its base) so that it is measured again rather than starved."""
+    base = agent.weight / 100 * instance.weight_factor
+    return max(base * 0.05, base - load_pressure(instance)) if base > 0 else 0.0
+
+
+def price_of(agent: AgentEntry) -> float:
+    return agent.price_per_call + agent.price_input_per_1k + agent.price_output_per_1k
+
+
+# ---- the router ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """Per table and capability id: what does not depend on the request."""
+
+    rows: list[tuple[AgentEntry, CapabilityEntry, InstanceEntry | None]] = field(
+        default_factory=list
+    )
+
+
+class Router:
+    def __init__(
+        self,
+        *,
+        feedback: Feedback | None = None,
+        open_breakers: Callable[[], Iterable[int]] | None = None,
+        index: Callable[[], IntentIndex | None] | None = None,
+    ) -> None:
+        """``open_breakers`` lists instance pks whose circuit is open (from the gateway);
+        ``index`` returns the current intent index (rebuilt in the background)."""
+        self.feedback = feedback or Feedback()
+        self._open_breakers = open_breakers or (lambda: ())
+        self._index = index or (lambda: None)
+        self.balancer = SmoothWeightedRoundRobin()
+        self._prepared_for = None
+        self._prepared: dict[str, _Prepared] = {}
+        self._lock = threading.Lock()
+
+    # -- candidates of one capability id, cached per table
+    def _rows(self, table: RouteTable, capability_id: str) -> _Prepared:
+        if self._prepared_for is not table:
+            with self._lock:
+                if self._prepared_for is not table:
+                    self._prepared, self._prepared_for = {}, table
+        prepared = self._prepared.get(capability_id)
+        if prepared is None:
+            prepared = _Prepared()
+            for agent_pk in table.agents_by_capability.get(capability_id, ()):
+                agent = table.agents[agent_pk]
+                cap = next(c for c in agent.capabilities if c.capability_id == capability_id)
+                if not agent.instances:
+                    prepared.rows.append((agent, cap, None))
+                for instance in agent.instances:
+                    prepared.rows.append((agent, cap, instance))
+            self._prepared[capability_id] = prepared
+        return prepared
+
+    def route(self, table: RouteTable, request: RouteRequest, *, pick: bool = True) -> Decision:
+        """Decide. ``pick=False`` ranks without advancing the balancer (a dry run)."""
+        if request.capability:
+            return self._route_capability(table, request, request.capability, (), pick=pick)
+        index = self._index()
+        match: Match = index.match(request.intent or "") if index else Match(ranked=())
+        if not match.ranked:
+            return Decision(capability=None, chosen=None, error="no_capability")
+        if match.plan:
+            first = self._route_capability(table, request, match.plan[0], match.ranked,
+                                           pick=pick)
+            return Decision(
+                capability=match.plan[0], chosen=first.chosen, candidates=first.candidates,
+                dropped=first.dropped, matches=match.ranked, plan=match.plan,
+                error=first.error,
+            )
+        # The best-matching capability that some instance can serve; the others
+        # are reported as dropped with the reason their candidates failed.
+        dropped: list[Dropped] = []
+        last = None
+        for score in match.ranked[:5]:
+            decision = self._route_capability(table, request, score.capability_id,
+                                              match.ranked, pick=pick)
+            if decision.chosen is not None or (decision.candidates and not pick):
+                return Decision(
+                    capability=decision.capability, chosen=decision.chosen,
+                    candidates=decision.candidates, dropped=(*dropped, *decision.dropped),
+                    matches=match.ranked, covered=match.covered,
+                )
+            dropped.extend(decision.dropped)
+            last = decision
+        return Decision(
+            capability=match.ranked[0].capability_id, chosen=None, dropped=tuple(dropped),
+            matches=match.ranked, error=last.error if last else "no_capability",
+        )
+
+    def _route_capability(self, table, request, capability_id, matches, *, pick) -> Decision:
+        prepared = self._rows(table, capability_id)
+        if not prepared.rows:
+            return Decision(capability=capability_id, chosen=None, matches=tuple(matches),
+                            error="no_capability")
+        match_score = next((s.score for s in matches if s.capability_id == capability_id), 1.0)
+        open_breakers = frozenset(self._open_breakers())
+        dropped: list[Dropped] = []
+        kept: list[tuple[AgentEntry, CapabilityEntry, InstanceEntry, float]] = []
+        agent_ok: dict[int, tuple[str, str] | None] = {}
+        for agent, cap, instance in prepared.rows:
+            if agent.pk not in agent_ok:
+                agent_ok[agent.pk] = capability_filter(table, request, agent, cap)
+            reason = agent_ok[agent.pk]
+            if reason is None and instance is None:
+                reason = ("no_instances", "")
+            if reason is None:
+                reason = instance_filter(instance, cap, open_breakers)
+            if reason is None:
+                score = base_score(agent, instance)
+                if score <= 0:
+                    reason = ("zero_weight", f"state {instance.state}, tier "
+                              f"{instance.health_tier}")
+            if reason is not None:
+                dropped.append(Dropped(agent.name, cap.capability_id, reason[0], reason[1],
+                                       instance.pk if instance else None))
+                continue
+            kept.append((agent, cap, instance, score))
+        if not kept:
+            # Every candidate failed a capability-level check: the capability is not
+            # offered to this caller; otherwise instances exist but none is healthy.
+            agent_level = all(agent_ok[a.pk] is not None for a, _, _ in prepared.rows)
+            error = "no_capability" if agent_level else "no_healthy_instance"
+            return Decision(capability=capability_id, chosen=None, dropped=tuple(dropped),
+                            matches=tuple(matches), error=error)
+
+        candidates = self._score(kept, match_score)
+        tier = min(c.agent.priority for c in candidates)
+        pool = [c for c in candidates if c.agent.priority == tier]
+        for c in candidates:
+            if c.agent.priority != tier:
+                dropped.append(Dropped(c.agent.name, capability_id, "lower_priority",
+                                       f"priority {c.agent.priority} waits for tier {tier}",
+                                       c.instance.pk))
+        if request.cost_preference == "cheapest":
+            cheapest = min(price_of(c.agent) for c in pool)
+            for c in pool:
+                if price_of(c.agent) > cheapest:
+                    dropped.append(Dropped(c.agent.name, capability_id, "not_cheapest",
+                                           f"price {price_of(c.agent)} > {cheapest}",
+                                           c.instance.pk))
+            pool = [c for c in pool if price_of(c.agent) == cheapest]
+        ranked = tuple(sorted(candidates, key=lambda c: (-c.score, c.instance.pk)))
+        chosen = self._pick(capability_id, pool) if pick else None
+        return Decision(capability=capability_id, chosen=chosen, candidates=ranked,
+                        dropped=tuple(dropped), matches=tuple(matches))
+
+    def _score(self, kept, match_score: float) -> list[Candidate]:
+        latencies = [self.feedback.latency(i.pk) for _, _, i, _ in kept]
+        known = [x for x in latencies if x]
+        fastest = min(known) if known else None
+        out = []
+        for (agent, cap, instance, base), latency in zip(kept, latencies, strict=True):
+            success = max(0.05, self.feedback.success(instance.pk))
+            latency_factor = (fastest / latency) ** 0.5 if (latency and fastest) else 1.0
+            out.append(Candidate(
+                agent=agent, capability=cap, instance=instance, match=match_score,
+                health_factor=instance.weight_factor, load_pressure=load_pressure(instance),
+                success_factor=success, latency_factor=latency_factor,
+                score=base * success * latency_factor,
+            ))
+        return out
+
+    def _pick(self, capability_id: str, pool: list[Candidate]) -> Candidate:
+        by_pk = {c.instance.pk: c for c in pool}
+        split = [c for c in pool if c.agent.traffic_percent]
+        if split and len(split) < len(pool):
+            # A/B: first choose the side by the declared shares, then an instance.
+            shares: dict[object, int] = {}
+            for c in split:
+                shares[("agent", c.agent.pk)] = c.agent.traffic_percent
+            rest = 100 - sum(shares.values())
+            shares["rest"] = max(1, rest)
+            side = self.balancer.pick(("split", capability_id, tuple(sorted(shares, key=str))),
+                                      list(shares.items()))
+            if side == "rest":
+                pool = [c for c in pool if not c.agent.traffic_percent]
+            else:
+                pool = [c for c in pool if c.agent.pk == side[1]]
+        weights = [(c.instance.pk, max(1, round(c.score * WEIGHT_SCALE))) for c in pool]
+        key = (capability_id, tuple(pk for pk, _ in weights))
+        return by_pk[self.balancer.pick(key, weights)]
+
+
+# ---- the intent index, built from a table --------------------------------------------------
+
+
+def capability_texts(table: RouteTable) -> dict[str, CapabilityText]:
+    """One text per capability id; agents offering the same id pool their words."""
+    merged: dict[str, dict] = {}
+    for agent in table.agents.values():
+        for cap in agent.capabilities:
+            entry = merged.setdefault(cap.capability_id, {
+                "display_name": cap.display_name, "descriptions": [], "keywords": [],
+            })
+            if cap.description and cap.description not in entry["descriptions"]:
+                entry["descriptions"].append(cap.description)
+            for k in cap.keywords:
+                if k not in entry["keywords"]:
+                    entry["keywords"].append(k)
+            entry["display_name"] = entry["display_name"] or cap.display_name
+    return {
+        cid: CapabilityText(cid, e["display_name"], " ".join(e["descriptions"]),
+                            tuple(e["keywords"]))
+        for cid, e in merged.items()
+    }
+
+
+class IntentIndexHolder:
+    """Rebuilds the intent index when the capabilities' texts change, not on every delta:
+    a heartbeat's state change leaves the index as it was."""
+
+    def __init__(self, **index_kwargs) -> None:
+        self._kwargs = index_kwargs
+        self._texts: dict[str, CapabilityText] | None = None
+        self.index: IntentIndex | None = None
+        self._lock = threading.Lock()
+
+    def update(self, table: RouteTable) -> None:
+        texts = capability_texts(table)
+        with self._lock:
+            if texts == self._texts:
+                return
+            self.index = IntentIndex(list(texts.values()), **self._kwargs)
+            self._texts = texts
+
+    def __call__(self) -> IntentIndex | None:
+        return self.index
