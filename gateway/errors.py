@@ -42,10 +42,12 @@ KINDS: dict[str, ErrorKind] = {k.code: k for k in _KINDS}
 class GatewayError(Exception):
     """Raised anywhere on the hot path; the ASGI app turns it into the structured reply."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, explain: dict | None = None) -> None:
         super().__init__(message)
         self.kind = KINDS[code]
         self.message = message
+        # A dry run's explanation, returned beside the error so callers see why.
+        self.explain = explain
 
     def body(self, request_id: str) -> dict:
         return {

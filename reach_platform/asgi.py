@@ -1,4 +1,8 @@
-"""ASGI entry point: ``/v1/`` goes to the gateway (data plane), the rest to Django."""
+"""ASGI entry point: ``/v1/`` goes to the gateway (data plane), the rest to Django.
+
+This is the one place the two planes are wired together: the gateway gets a
+callable returning the current route table, kept current by the subscriber.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,16 @@ from django.urls import re_path
 
 django_application = get_asgi_application()
 
-from gateway.app import application as gateway_application  # noqa: E402
+from gateway.app import GatewayApp  # noqa: E402
+from reach_platform.routes_runtime import start_route_subscriber  # noqa: E402
+from routing.router import IntentIndexHolder, Router  # noqa: E402
+
+_runtime = start_route_subscriber()
+_intents = IntentIndexHolder()
+_intents.follow(_runtime.subscriber)
+gateway_application = GatewayApp(
+    table=lambda: _runtime.subscriber.table, router=Router(index=_intents)
+)
 
 application = ProtocolTypeRouter(
     {

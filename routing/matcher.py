@@ -16,20 +16,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from routing.text import clauses, features, normalise
+from routing.text import TO_LANGUAGE, clauses, features, normalise, stem, words
 
 EXACT_SCORE = 1.0
 LEXICAL_WEIGHT = 0.5
 SEMANTIC_WEIGHT = 0.2
 DEFAULT_THRESHOLD = 0.05
 
-# How much each kind of feature counts: whole words and Chinese bigrams carry
-# meaning; trigrams and single characters only rescue typos and odd splits.
-_KIND_WEIGHT = {"w": 1.0, "t": 0.25, "c": 1.0}
+# How much each kind of feature counts: lexicon concepts say most about what
+# is wanted; whole words and Chinese bigrams carry meaning; trigrams and single
+# characters only rescue typos and odd splits.
+_KIND_WEIGHT = {"w": 1.0, "t": 0.1, "c": 1.0, "k": 4.0}
 _CJK_UNIGRAM_WEIGHT = 0.3
-# A declared keyword found verbatim in the request: strong evidence, the way
-# an agent team means it when it lists the keyword.
-KEYWORD_BONUS = 0.35
+# A declared keyword found in the request: strong evidence, the way an agent
+# team means it when it lists the keyword. Per distinct keyword, capped.
+KEYWORD_BONUS = 0.05
+KEYWORD_BONUS_CAP = 0.5
+# A request for output in a named language ("…in English", "翻成日文") is
+# served by capabilities that declare translation directions; the others
+# keep only this share of their lexical score.
+OTHER_LANGUAGE_PENALTY = 0.7
+COVER_SHARE = 0.45
+STEP_SHARE = 0.4
+UNKNOWN_CJK_BIGRAM = 0.2
+BM25_K1 = 1.2
+BM25_B = 0.75
 
 
 def _kind_weight(feature: str) -> float:
@@ -52,6 +63,8 @@ class CapabilityText:
     display_name: str = ""
     description: str = ""
     keywords: tuple[str, ...] = ()
+    # Declares translation directions: it answers "in <language>" requests.
+    changes_language: bool = False
 
     def document(self) -> str:
         name = self.capability_id.replace(".", " ").replace("_", " ").replace("-", " ")
@@ -98,44 +111,75 @@ class IntentIndex:
         self.threshold = threshold
         self._ids = [c.capability_id for c in capabilities]
         self._id_set = frozenset(self._ids)
-        docs = [features(c.document()) for c in capabilities]
+        docs = []
+        for c in capabilities:
+            doc = features(c.document())
+            if c.changes_language:
+                doc[TO_LANGUAGE] += 2
+            docs.append(doc)
         df: Counter = Counter()
         for doc in docs:
             df.update(doc.keys())
         n = len(docs)
-        self._idf = {f: math.log((n + 1) / (d + 1)) + 1.0 for f, d in df.items()}
+        # BM25's idf, floored so a feature in every document still counts a little.
+        self._idf = {
+            f: max(0.05, math.log(1 + (n - d + 0.5) / (d + 0.5))) for f, d in df.items()
+        }
+        self._max_idf = max(self._idf.values(), default=1.0)
+        lengths = [sum(doc.values()) for doc in docs]
+        average = (sum(lengths) / n) if n else 1.0
         self._postings: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        self._norms = []
         for index, doc in enumerate(docs):
-            weights = {f: self._weight(f, tf) for f, tf in doc.items()}
-            self._norms.append(math.sqrt(sum(w * w for w in weights.values())) or 1.0)
-            for f, w in weights.items():
-                self._postings[f].append((index, w))
-        self._keywords = [
-            tuple({normalise(k) for k in c.keywords if len(k.strip()) >= 2}) for c in capabilities
-        ]
+            norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths[index] / average)
+            for f, tf in doc.items():
+                # Saturating term frequency, shorter documents favoured: BM25.
+                self._postings[f].append((index, tf * (BM25_K1 + 1) / (tf + norm)))
+        self._keywords = [_keyword_matchers(c.keywords) for c in capabilities]
+        self._changes_language = [c.changes_language for c in capabilities]
+        self._speller = Speller(w for c in capabilities for w in words(c.document()))
         self._embedder = embedder
         self._vectors = embedder.embed([c.document() for c in capabilities]) if embedder else None
 
-    def _weight(self, feature: str, tf: int) -> float:
-        return (1.0 + math.log(tf)) * self._idf.get(feature, 0.0) * _kind_weight(feature)
+    def _weight(self, feature: str) -> float:
+        return self._idf.get(feature, 0.0) * _kind_weight(feature)
 
     def lexical(self, text: str) -> dict[int, float]:
-        """Cosine similarity in [0, 1] to every capability sharing a feature with ``text``,
-        plus the keyword bonus, capped at 1."""
-        query = {f: self._weight(f, tf) for f, tf in features(text).items() if f in self._idf}
-        qnorm = math.sqrt(sum(w * w for w in query.values())) or 1.0
+        """How much of the request a capability explains, in [0, 1]: the BM25 score of
+        the capability against the request's known features, divided by the best
+        score any document could reach; plus the keyword bonus, capped at 1.
+        Misspelt words are corrected first."""
+        text = self._speller.correct(text)
+        # A concept named several ways in the request counts for more (capped);
+        # any other feature counts once, however often it repeats.
+        found = features(text)
+        query = {
+            f: self._weight(f) * (min(2.5, 1 + 0.5 * (n - 1)) if f[0] == "k" else 1.0)
+            for f, n in found.items() if f in self._idf
+        }
+        # Words no capability knows are part of the request too: they count against
+        # every match, so "zxqv plorf" sharing one trigram with a document is no match.
+        # Unknown Chinese bigrams count less: many are particles and glue.
+        unknown = sum(
+            1.0 if f[0] == "w" else UNKNOWN_CJK_BIGRAM
+            for f in found if f not in self._idf and (f[0] == "w" or
+                                                      (f[0] == "c" and len(f) == 4))
+        )
+        qnorm = (sum(query.values()) + unknown * self._max_idf) * (BM25_K1 + 1) or 1.0
         sums: dict[int, float] = defaultdict(float)
         for f, qw in query.items():
             for index, dw in self._postings[f]:
                 sums[index] += qw * dw
         lowered = normalise(text)
+        stems = " " + " ".join(stem(w) for w in words(text)) + " "
+        other_language = TO_LANGUAGE in query
         out = {}
         for index, dot in sums.items():
-            sim = dot / (qnorm * self._norms[index])
-            if any(k in lowered for k in self._keywords[index]):
-                sim += KEYWORD_BONUS
-            out[index] = min(1.0, sim)
+            sim = dot / qnorm
+            hits = sum(1 for cjk, k in self._keywords[index] if k in (lowered if cjk else stems))
+            sim = min(1.0, sim + min(KEYWORD_BONUS_CAP, KEYWORD_BONUS * hits))
+            if other_language and not self._changes_language[index]:
+                sim *= OTHER_LANGUAGE_PENALTY
+            out[index] = sim
         return out
 
     def scores(self, text: str) -> list[Score]:
@@ -167,19 +211,23 @@ class IntentIndex:
         if len(parts) < 2:
             return Match(ranked=tuple(whole), clauses=(text,))
         per_clause = [self.scores(p) for p in parts]
+        # A part whose best match is weak next to the others is a detail of its
+        # neighbour ("…, 统计每个部门的平均工资" inside a SQL request), not a step.
+        strongest = max((r[0].score for r in per_clause if r), default=0.0)
         plan: list[str] = []
         for ranked in per_clause:
-            if ranked and ranked[0].capability_id not in plan:
+            if (ranked and ranked[0].score >= STEP_SHARE * strongest
+                    and ranked[0].capability_id not in plan):
                 plan.append(ranked[0].capability_id)
         if len(plan) < 2:
             return Match(ranked=tuple(whole), clauses=tuple(parts))
-        # One capability that matches every part nearly as well as that part's
-        # best is the single step that covers the request.
-        for candidate in whole[:5]:
-            if candidate.capability_id in plan:
-                continue
-            if all(_score_of(r, candidate.capability_id) >= 0.5 * r[0].score
-                   for r in per_clause if r):
+        # One capability that matches every part reasonably well (a fair share of
+        # that part's best) is a single step that covers the whole request.
+        for candidate in whole[:3]:
+            if candidate.capability_id not in plan and all(
+                _score_of(r, candidate.capability_id) >= COVER_SHARE * r[0].score
+                for r in per_clause if r
+            ):
                 ranked = (candidate, *[s for s in whole if s is not candidate])
                 return Match(ranked=ranked, covered=True, clauses=tuple(parts))
         return Match(ranked=tuple(whole), plan=tuple(plan), clauses=tuple(parts))
@@ -193,3 +241,75 @@ def index_from_capabilities(
     capabilities: Mapping[str, CapabilityText], **kwargs
 ) -> IntentIndex:
     return IntentIndex(list(capabilities.values()), **kwargs)
+
+
+def _keyword_matchers(keywords: Sequence[str]) -> tuple[tuple[bool, str], ...]:
+    """``(is_cjk, needle)`` per keyword: CJK keywords match as substrings, others as
+    whole stemmed words (so "reviews" finds "review" but "preview" does not)."""
+    out = set()
+    for keyword in keywords:
+        k = normalise(keyword).strip()
+        if len(k) < 2:
+            continue
+        if k.isascii():
+            stems = [stem(w) for w in words(k)]
+            if stems:
+                out.add((False, " " + " ".join(stems) + " "))
+        else:
+            out.add((True, k))
+    return tuple(sorted(out))
+
+
+class Speller:
+    """Corrects a word one edit (or one swap) away from the index's vocabulary.
+
+    Symmetric-delete lookup: every vocabulary word is stored under itself and its
+    one-deletion variants; a query word's own variants find candidates in a few
+    dict lookups, whatever the vocabulary's size.
+    """
+
+    MIN_LENGTH = 5
+
+    def __init__(self, vocabulary) -> None:
+        self._vocabulary = {w for w in vocabulary if len(w) >= 4 and w.isalpha()}
+        self._deletes: dict[str, set[str]] = defaultdict(set)
+        for word in self._vocabulary:
+            for variant in _deletions(word):
+                self._deletes[variant].add(word)
+
+    def _correct_word(self, word: str) -> str:
+        if len(word) < self.MIN_LENGTH or word in self._vocabulary or not word.isalpha():
+            return word
+        found = set()
+        for variant in _deletions(word):
+            found |= self._deletes.get(variant, set())
+        found = {w for w in found if _one_edit(word, w)}
+        return min(found) if len(found) >= 1 else word
+
+    def correct(self, text: str) -> str:
+        lowered = normalise(text)
+        replaced = {w: self._correct_word(w) for w in set(words(lowered))}
+        if all(k == v for k, v in replaced.items()):
+            return lowered
+        return " ".join(replaced.get(t, t) for t in lowered.split(" "))
+
+
+def _deletions(word: str) -> set[str]:
+    return {word, *(word[:i] + word[i + 1:] for i in range(len(word)))}
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """At most one insertion, deletion, substitution or adjacent swap apart."""
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diffs = [i for i in range(len(a)) if a[i] != b[i]]
+        if len(diffs) == 1:
+            return True
+        return len(diffs) == 2 and diffs[1] == diffs[0] + 1 and (
+            a[diffs[0]] == b[diffs[1]] and a[diffs[1]] == b[diffs[0]]
+        )
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))

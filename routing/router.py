@@ -457,7 +457,9 @@ def capability_texts(table: RouteTable) -> dict[str, CapabilityText]:
         for cap in agent.capabilities:
             entry = merged.setdefault(cap.capability_id, {
                 "display_name": cap.display_name, "descriptions": [], "keywords": [],
+                "changes_language": False,
             })
+            entry["changes_language"] = entry["changes_language"] or bool(cap.directions)
             if cap.description and cap.description not in entry["descriptions"]:
                 entry["descriptions"].append(cap.description)
             for k in cap.keywords:
@@ -466,20 +468,44 @@ def capability_texts(table: RouteTable) -> dict[str, CapabilityText]:
             entry["display_name"] = entry["display_name"] or cap.display_name
     return {
         cid: CapabilityText(cid, e["display_name"], " ".join(e["descriptions"]),
-                            tuple(e["keywords"]))
+                            tuple(e["keywords"]), e["changes_language"])
         for cid, e in merged.items()
     }
 
 
 class IntentIndexHolder:
     """Rebuilds the intent index when the capabilities' texts change, not on every delta:
-    a heartbeat's state change leaves the index as it was."""
+    a heartbeat's state change leaves the index as it was.
+
+    ``follow`` rebuilds in a background thread, latest table wins, so neither the
+    bus nor a caller waits for a rebuild; until it lands, calls match against the
+    previous index and resolve candidates from the current table.
+    """
 
     def __init__(self, **index_kwargs) -> None:
         self._kwargs = index_kwargs
         self._texts: dict[str, CapabilityText] | None = None
         self.index: IntentIndex | None = None
         self._lock = threading.Lock()
+        self._latest: RouteTable | None = None
+        self._wake = threading.Event()
+
+    def follow(self, subscriber) -> None:
+        self.update(subscriber.table)
+        subscriber.on_change(self._schedule)
+        threading.Thread(target=self._rebuild_loop, name="intent-index", daemon=True).start()
+
+    def _schedule(self, table: RouteTable) -> None:
+        self._latest = table
+        self._wake.set()
+
+    def _rebuild_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            table = self._latest
+            if table is not None:
+                self.update(table)
 
     def update(self, table: RouteTable) -> None:
         texts = capability_texts(table)

@@ -46,10 +46,68 @@ def normalise(text: str) -> str:
     return unicodedata.normalize("NFKC", text).lower()
 
 
+_LANGUAGES = (
+    r"english|chinese|mandarin|cantonese|japanese|korean|french|german|spanish|russian|"
+    r"italian|portuguese|arabic|thai|vietnamese"
+)
+_CJK_LANGUAGES = (
+    r"中文|英文|日文|韩文|法文|德文|英语|日语|韩语|法语|德语|西班牙语|俄语|汉语|粤语|简体|繁体"
+)
+# A request for output in a language: "into Japanese", "翻成英文", "用中文", "日语怎么说".
+_TO_LANGUAGE = re.compile(
+    rf"\b(?:in|into|to|as)\s+(?:simplified\s+|traditional\s+|plain\s+)?(?:{_LANGUAGES})\b"
+    rf"|(?:成|为|用|到)(?:{_CJK_LANGUAGES})|(?:{_CJK_LANGUAGES})(?:怎么说|版|summary|摘要|要点)"
+    rf"|\b(?:{_LANGUAGES})\s+(?:version|summary|translation)\b"
+)
+TO_LANGUAGE = "k:to_language"
+
+
+def wants_other_language(text: str) -> bool:
+    return bool(_TO_LANGUAGE.search(normalise(text)))
+
+
+def words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(normalise(text)) if w not in STOPWORDS]
+
+
+def _concept_needles() -> tuple[tuple[str, bool, str], ...]:
+    from routing.lexicon import CONCEPTS
+
+    out = []
+    for concept, forms in CONCEPTS.items():
+        for form in forms:
+            form = normalise(form)
+            if form.isascii():
+                out.append((concept, False, " " + " ".join(stem(w) for w in
+                                                           _WORD.findall(form)) + " "))
+            else:
+                out.append((concept, True, form))
+    return tuple(out)
+
+
+_NEEDLES: tuple[tuple[str, bool, str], ...] | None = None
+
+
+def concepts(text: str) -> Counter:
+    """The lexicon concepts ``text`` mentions, each with how many of its forms appear
+    (see ``routing.lexicon``)."""
+    global _NEEDLES
+    if _NEEDLES is None:
+        _NEEDLES = _concept_needles()
+    text = normalise(text)
+    stems = " " + " ".join(stem(w) for w in _WORD.findall(text)) + " "
+    return Counter(c for c, cjk, needle in _NEEDLES if needle in (text if cjk else stems))
+
+
 def features(text: str) -> Counter:
-    """The bag of features of ``text``: ``w:`` stems, ``t:`` trigrams, ``c:`` CJK n-grams."""
+    """The bag of features of ``text``: ``w:`` stems, ``t:`` trigrams, ``c:`` CJK n-grams,
+    ``k:`` lexicon concepts, and ``k:to_language`` when it asks for a named language."""
     text = normalise(text)
     out: Counter = Counter()
+    if _TO_LANGUAGE.search(text):
+        out[TO_LANGUAGE] += 1
+    for concept, forms in concepts(text).items():
+        out["k:" + concept] += forms
     for word in _WORD.findall(text):
         if word in STOPWORDS:
             continue
@@ -69,18 +127,39 @@ def features(text: str) -> Counter:
 
 
 # Where a request asks for two things in order. Longest first, so "然后再" wins over "再".
+_EN_VERBS = (
+    r"summari[sz]e|translate|email|e-mail|send|write|draft|make|create|generate|turn|convert|"
+    r"put|post|book|schedule|check|extract|save|file|share|search|find|estimate|"
+    r"calculate|draw|plot|chart|classify|submit|review|redact|transcribe"
+)
+_ZH_VERBS = r"翻译|总结|概括|发|写|生成|画|统计|提取|整理|搜|查|算|做|约|提交|再"
 _SPLITTERS = re.compile(
-    r"(?:然后再|然后|之后再|之后|接着|随后|完了再|以后再|最后再|顺便|顺便再|并且|同时"
-    r"|(?<![合兼吞归])并(?=[把将翻发生总提转做写给])|再(?=[把将帮给用发翻转做写生总提])"
-    r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b"
-    r"|\bfollowed by\b|\bplus\b|\band(?= (?:email|send|translate|summari[sz]e|"
-    r"draft|make|create|generate|turn|convert|put|post|book|schedule|check|tell|give|"
-    r"extract|save|file|share|write)\b)|[;；])",
+    r"(?:然后再|然后|之后再|之后|接着|随后|完了再|以后再|最后再|顺便再|顺便|并且|同时"
+    r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])|再(?=[把将帮给用发翻转做写生总提画统])"
+    rf"|[，,]\s*(?=(?:{_ZH_VERBS}))"
+    rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)"
+    r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!])\s*also\b"
+    r"|\bfollowed by\b|\bplus\b"
+    rf"|\band(?=\s+(?:{_EN_VERBS})\b)|[;；])",
     re.IGNORECASE,
 )
 
 
 def clauses(text: str) -> list[str]:
-    """Split a request at sequencing words; returns ``[text]`` when there is nothing to split."""
-    parts = [p.strip(" ,，。.!！?？") for p in _SPLITTERS.split(text)]
-    return [p for p in parts if p] or [text]
+    """Split a request at sequencing words; returns ``[text]`` when there is nothing to split.
+
+    A fragment too short to ask for anything ("写完", "ok") joins its neighbour."""
+    out: list[str] = []
+    for part in (p.strip(" ,，。.!！?？") for p in _SPLITTERS.split(text)):
+        if not part:
+            continue
+        if (out and _too_short(part)) or (out and _too_short(out[-1])):
+            out[-1] = f"{out[-1]} {part}"
+        else:
+            out.append(part)
+    return out or [text]
+
+
+def _too_short(part: str) -> bool:
+    cjk = sum(len(run) for run in _CJK.findall(part))
+    return cjk < 4 and len(_WORD.findall(normalise(part))) < 2

@@ -20,7 +20,7 @@ def inst(**kw) -> dict:
     return kw
 
 
-def agent(name: str, capability_id: str = "translate.text", *, instances=(inst(),),
+def agent(name: str, capability_id: str = "translate.text", *, instances=({},),
           owner: int = 1, cap: dict | None = None, **kw) -> AgentEntry:
     pk = next(_pk)
     capability = CapabilityEntry(pk=next(_pk), capability_id=capability_id, **(cap or {}))

@@ -7,8 +7,8 @@ import pytest
 from routing.balancer import SmoothWeightedRoundRobin
 from routing.router import (
     Feedback,
-    RouteRequest,
     Router,
+    RouteRequest,
     base_score,
     load_pressure,
 )
