@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from routing.text import TO_LANGUAGE, clauses, features, normalise, stem, words
 
 EXACT_SCORE = 1.0
@@ -39,6 +41,9 @@ OTHER_LANGUAGE_PENALTY = 0.7
 COVER_SHARE = 0.45
 STEP_SHARE = 0.4
 UNKNOWN_CJK_BIGRAM = 0.2
+# Matches kept per request: the ranked list a dry run shows, and the pool a
+# covering capability is looked for in.
+MAX_CANDIDATES = 50
 BM25_K1 = 1.2
 BM25_B = 0.75
 
@@ -128,14 +133,26 @@ class IntentIndex:
         self._max_idf = max(self._idf.values(), default=1.0)
         lengths = [sum(doc.values()) for doc in docs]
         average = (sum(lengths) / n) if n else 1.0
-        self._postings: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        postings: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for index, doc in enumerate(docs):
             norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths[index] / average)
             for f, tf in doc.items():
                 # Saturating term frequency, shorter documents favoured: BM25.
-                self._postings[f].append((index, tf * (BM25_K1 + 1) / (tf + norm)))
-        self._keywords = [_keyword_matchers(c.keywords) for c in capabilities]
-        self._changes_language = [c.changes_language for c in capabilities]
+                postings[f].append((index, tf * (BM25_K1 + 1) / (tf + norm)))
+        # Arrays per feature: a request adds a few dozen of them, vectorised.
+        self._postings = {
+            f: (np.fromiter((i for i, _ in rows), dtype=np.int32, count=len(rows)),
+                np.fromiter((w for _, w in rows), dtype=np.float64, count=len(rows)))
+            for f, rows in postings.items()
+        }
+        # Each distinct keyword once, with the capabilities that declare it.
+        keyword_docs: dict[tuple[bool, str], list[int]] = defaultdict(list)
+        for index, c in enumerate(capabilities):
+            for matcher in _keyword_matchers(c.keywords):
+                keyword_docs[matcher].append(index)
+        self._keyword_docs = {k: np.array(v, dtype=np.int32) for k, v in keyword_docs.items()}
+        self._keeps_language = np.array([not c.changes_language for c in capabilities],
+                                        dtype=bool)
         self._speller = Speller(w for c in capabilities for w in words(c.document()))
         self._embedder = embedder
         self._vectors = embedder.embed([c.document() for c in capabilities]) if embedder else None
@@ -165,22 +182,28 @@ class IntentIndex:
                                                       (f[0] == "c" and len(f) == 4))
         )
         qnorm = (sum(query.values()) + unknown * self._max_idf) * (BM25_K1 + 1) or 1.0
-        sums: dict[int, float] = defaultdict(float)
+        if not query:
+            return {}
+        sums = np.zeros(len(self._ids))
         for f, qw in query.items():
-            for index, dw in self._postings[f]:
-                sums[index] += qw * dw
+            indices, weights = self._postings[f]
+            sums[indices] += qw * weights  # one posting per document: no duplicates
+        sims = sums / qnorm
         lowered = normalise(text)
         stems = " " + " ".join(stem(w) for w in words(text)) + " "
-        other_language = TO_LANGUAGE in query
-        out = {}
-        for index, dot in sums.items():
-            sim = dot / qnorm
-            hits = sum(1 for cjk, k in self._keywords[index] if k in (lowered if cjk else stems))
-            sim = min(1.0, sim + min(KEYWORD_BONUS_CAP, KEYWORD_BONUS * hits))
-            if other_language and not self._changes_language[index]:
-                sim *= OTHER_LANGUAGE_PENALTY
-            out[index] = sim
-        return out
+        hits = np.zeros(len(self._ids))
+        for (cjk, needle), indices in self._keyword_docs.items():
+            if needle in (lowered if cjk else stems):
+                hits[indices] += 1
+        touched = sums > 0
+        sims = np.minimum(1.0, sims + np.minimum(KEYWORD_BONUS_CAP, KEYWORD_BONUS * hits))
+        if TO_LANGUAGE in query:
+            sims[self._keeps_language] *= OTHER_LANGUAGE_PENALTY
+        candidates = np.nonzero(touched & (sims * LEXICAL_WEIGHT >= self.threshold * 0.5))[0]
+        if len(candidates) > MAX_CANDIDATES:
+            top = np.argpartition(-sims[candidates], MAX_CANDIDATES)[:MAX_CANDIDATES]
+            candidates = candidates[top]
+        return {int(i): float(sims[i]) for i in candidates}
 
     def scores(self, text: str) -> list[Score]:
         """Every capability at or above the threshold, best first."""

@@ -90,7 +90,11 @@ class Dropped:
 class Decision:
     """What the router decided. ``error`` is ``no_capability`` or ``no_healthy_instance``
     when nothing was chosen; ``plan`` lists capability ids when the intent asked for
-    several steps (the first step's instance is ``chosen``)."""
+    several steps (the first step's instance is ``chosen``).
+
+    ``candidates`` (ranked, with every score component) and ``dropped`` (with
+    reasons) are filled in for a dry run and whenever nothing could be chosen; a
+    routed call skips building them, which is most of a decision's cost."""
 
     capability: str | None
     chosen: Candidate | None
@@ -135,12 +139,14 @@ class Feedback:
 
     def __init__(self, alpha: float = 0.1) -> None:
         self._alpha = alpha
+        self.observed = False  # nothing recorded yet: every factor is 1
         self._success: dict[int, float] = {}
         self._latency: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def record(self, instance_pk: int, *, ok: bool, latency_ms: float) -> None:
         a = self._alpha
+        self.observed = True
         with self._lock:
             s = self._success.get(instance_pk, 1.0)
             self._success[instance_pk] = (1 - a) * s + a * (1.0 if ok else 0.0)
@@ -271,13 +277,23 @@ def price_of(agent: AgentEntry) -> float:
 # ---- the router ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One (agent, capability, instance) of a capability id, with what the table alone
+    decides: a reason to drop it, else its base score."""
+
+    agent: AgentEntry
+    capability: CapabilityEntry
+    instance: InstanceEntry | None
+    static_reason: tuple[str, str] | None
+    base: float
+
+
 @dataclass
 class _Prepared:
     """Per table and capability id: what does not depend on the request."""
 
-    rows: list[tuple[AgentEntry, CapabilityEntry, InstanceEntry | None]] = field(
-        default_factory=list
-    )
+    rows: list[_Row] = field(default_factory=list)
 
 
 class Router:
@@ -311,9 +327,14 @@ class Router:
                 agent = table.agents[agent_pk]
                 cap = next(c for c in agent.capabilities if c.capability_id == capability_id)
                 if not agent.instances:
-                    prepared.rows.append((agent, cap, None))
+                    prepared.rows.append(_Row(agent, cap, None, ("no_instances", ""), 0.0))
                 for instance in agent.instances:
-                    prepared.rows.append((agent, cap, instance))
+                    reason = instance_filter(instance, cap, frozenset())
+                    base = base_score(agent, instance) if reason is None else 0.0
+                    if reason is None and base <= 0:
+                        reason = ("zero_weight",
+                                  f"state {instance.state}, tier {instance.health_tier}")
+                    prepared.rows.append(_Row(agent, cap, instance, reason, base))
             self._prepared[capability_id] = prepared
         return prepared
 
@@ -360,91 +381,111 @@ class Router:
                             error="no_capability")
         match_score = next((s.score for s in matches if s.capability_id == capability_id), 1.0)
         open_breakers = frozenset(self._open_breakers())
+        explain = not pick
         dropped: list[Dropped] = []
-        kept: list[tuple[AgentEntry, CapabilityEntry, InstanceEntry, float]] = []
-        agent_ok: dict[int, tuple[str, str] | None] = {}
-        for agent, cap, instance in prepared.rows:
-            if agent.pk not in agent_ok:
-                agent_ok[agent.pk] = capability_filter(table, request, agent, cap)
-            reason = agent_ok[agent.pk]
-            if reason is None and instance is None:
-                reason = ("no_instances", "")
+        kept: list[_Row] = []
+        agent_reason: dict[int, tuple[str, str] | None] = {}
+        for row in prepared.rows:
+            agent = row.agent
+            reason = agent_reason.get(agent.pk, False)
+            if reason is False:
+                reason = agent_reason[agent.pk] = capability_filter(
+                    table, request, agent, row.capability)
             if reason is None:
-                reason = instance_filter(instance, cap, open_breakers)
+                reason = row.static_reason
+            if reason is None and row.instance.pk in open_breakers:
+                reason = ("circuit_open", "")
             if reason is None:
-                score = base_score(agent, instance)
-                if score <= 0:
-                    reason = ("zero_weight", f"state {instance.state}, tier "
-                              f"{instance.health_tier}")
-            if reason is not None:
-                dropped.append(Dropped(agent.name, cap.capability_id, reason[0], reason[1],
-                                       instance.pk if instance else None))
-                continue
-            kept.append((agent, cap, instance, score))
+                kept.append(row)
+            elif explain:
+                dropped.append(Dropped(agent.name, capability_id, reason[0], reason[1],
+                                       row.instance.pk if row.instance else None))
         if not kept:
+            if not explain:  # say why, in full, only when there is nothing to route to
+                return self._route_capability(table, request, capability_id, matches,
+                                              pick=False)
             # Every candidate failed a capability-level check: the capability is not
             # offered to this caller; otherwise instances exist but none is healthy.
-            agent_level = all(agent_ok[a.pk] is not None for a, _, _ in prepared.rows)
+            agent_level = all(agent_reason[r.agent.pk] is not None for r in prepared.rows)
             error = "no_capability" if agent_level else "no_healthy_instance"
             return Decision(capability=capability_id, chosen=None, dropped=tuple(dropped),
                             matches=tuple(matches), error=error)
 
-        candidates = self._score(kept, match_score)
-        tier = min(c.agent.priority for c in candidates)
-        pool = [c for c in candidates if c.agent.priority == tier]
-        for c in candidates:
-            if c.agent.priority != tier:
-                dropped.append(Dropped(c.agent.name, capability_id, "lower_priority",
-                                       f"priority {c.agent.priority} waits for tier {tier}",
-                                       c.instance.pk))
+        weights = self._weights(kept)
+        tier = min(r.agent.priority for r in kept)
+        pool = [i for i, r in enumerate(kept) if r.agent.priority == tier]
         if request.cost_preference == "cheapest":
-            cheapest = min(price_of(c.agent) for c in pool)
-            for c in pool:
-                if price_of(c.agent) > cheapest:
-                    dropped.append(Dropped(c.agent.name, capability_id, "not_cheapest",
-                                           f"price {price_of(c.agent)} > {cheapest}",
-                                           c.instance.pk))
-            pool = [c for c in pool if price_of(c.agent) == cheapest]
-        ranked = tuple(sorted(candidates, key=lambda c: (-c.score, c.instance.pk)))
-        chosen = self._pick(capability_id, pool) if pick else None
-        return Decision(capability=capability_id, chosen=chosen, candidates=ranked,
-                        dropped=tuple(dropped), matches=tuple(matches))
+            cheapest = min(price_of(kept[i].agent) for i in pool)
+            if explain:
+                for i in pool:
+                    if price_of(kept[i].agent) > cheapest:
+                        r = kept[i]
+                        dropped.append(Dropped(r.agent.name, capability_id, "not_cheapest",
+                                               f"price {price_of(r.agent)} > {cheapest}",
+                                               r.instance.pk))
+            pool = [i for i in pool if price_of(kept[i].agent) == cheapest]
+        if explain:
+            for r in kept:
+                if r.agent.priority != tier:
+                    dropped.append(Dropped(r.agent.name, capability_id, "lower_priority",
+                                           f"priority {r.agent.priority} waits for tier {tier}",
+                                           r.instance.pk))
+            candidates = [self._candidate(r, w, match_score) for r, w in zip(kept, weights,
+                                                                             strict=True)]
+            ranked = tuple(sorted(candidates, key=lambda c: (-c.score, c.instance.pk)))
+            return Decision(capability=capability_id, chosen=None, candidates=ranked,
+                            dropped=tuple(dropped), matches=tuple(matches))
+        chosen = self._pick(capability_id, [kept[i] for i in pool], [weights[i] for i in pool])
+        return Decision(capability=capability_id,
+                        chosen=self._candidate(chosen[0], chosen[1], match_score),
+                        matches=tuple(matches))
 
-    def _score(self, kept, match_score: float) -> list[Candidate]:
-        latencies = [self.feedback.latency(i.pk) for _, _, i, _ in kept]
+    def _weights(self, kept: list[_Row]) -> list[tuple[float, float, float]]:
+        """``(score, success_factor, latency_factor)`` per kept row."""
+        feedback = self.feedback
+        if not feedback.observed:
+            return [(r.base, 1.0, 1.0) for r in kept]
+        latencies = [feedback.latency(r.instance.pk) for r in kept]
         known = [x for x in latencies if x]
         fastest = min(known) if known else None
         out = []
-        for (agent, cap, instance, base), latency in zip(kept, latencies, strict=True):
-            success = max(0.05, self.feedback.success(instance.pk))
+        for row, latency in zip(kept, latencies, strict=True):
+            success = max(0.05, feedback.success(row.instance.pk))
             latency_factor = (fastest / latency) ** 0.5 if (latency and fastest) else 1.0
-            out.append(Candidate(
-                agent=agent, capability=cap, instance=instance, match=match_score,
-                health_factor=instance.weight_factor, load_pressure=load_pressure(instance),
-                success_factor=success, latency_factor=latency_factor,
-                score=base * success * latency_factor,
-            ))
+            out.append((row.base * success * latency_factor, success, latency_factor))
         return out
 
-    def _pick(self, capability_id: str, pool: list[Candidate]) -> Candidate:
-        by_pk = {c.instance.pk: c for c in pool}
-        split = [c for c in pool if c.agent.traffic_percent]
+    @staticmethod
+    def _candidate(row: _Row, weight: tuple[float, float, float], match: float) -> Candidate:
+        instance = row.instance
+        return Candidate(
+            agent=row.agent, capability=row.capability, instance=instance, match=match,
+            health_factor=instance.weight_factor, load_pressure=load_pressure(instance),
+            success_factor=weight[1], latency_factor=weight[2], score=weight[0],
+        )
+
+    def _pick(self, capability_id: str, pool: list[_Row],
+              weights: list[tuple[float, float, float]]) -> tuple[_Row, tuple]:
+        split = [r for r in pool if r.agent.traffic_percent]
         if split and len(split) < len(pool):
             # A/B: first choose the side by the declared shares, then an instance.
-            shares: dict[object, int] = {}
-            for c in split:
-                shares[("agent", c.agent.pk)] = c.agent.traffic_percent
-            rest = 100 - sum(shares.values())
-            shares["rest"] = max(1, rest)
+            shares: dict[object, int] = {("agent", r.agent.pk): r.agent.traffic_percent
+                                         for r in split}
+            shares["rest"] = max(1, 100 - sum(shares.values()))
             side = self.balancer.pick(("split", capability_id, tuple(sorted(shares, key=str))),
                                       list(shares.items()))
-            if side == "rest":
-                pool = [c for c in pool if not c.agent.traffic_percent]
-            else:
-                pool = [c for c in pool if c.agent.pk == side[1]]
-        weights = [(c.instance.pk, max(1, round(c.score * WEIGHT_SCALE))) for c in pool]
-        key = (capability_id, tuple(pk for pk, _ in weights))
-        return by_pk[self.balancer.pick(key, weights)]
+            keep = [(not r.agent.traffic_percent) if side == "rest" else r.agent.pk == side[1]
+                    for r in pool]
+            pool = [r for r, k in zip(pool, keep, strict=True) if k]
+            weights = [w for w, k in zip(weights, keep, strict=True) if k]
+        entries = [(r.instance.pk, max(1, round(w[0] * WEIGHT_SCALE)))
+                   for r, w in zip(pool, weights, strict=True)]
+        key = (capability_id, tuple(pk for pk, _ in entries))
+        chosen_pk = self.balancer.pick(key, entries)
+        for row, weight in zip(pool, weights, strict=True):
+            if row.instance.pk == chosen_pk:
+                return row, weight
+        raise AssertionError("the balancer picked an instance outside the pool")
 
 
 # ---- the intent index, built from a table --------------------------------------------------

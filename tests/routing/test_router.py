@@ -91,27 +91,27 @@ def test_an_ab_split_lands_within_two_percent_over_ten_thousand_picks():
 def test_each_filter_drops_with_its_reason(agent_kw, req_kw, reason):
     dropped_agent = agent("dropped", **agent_kw)
     kept_agent = agent("kept", cap={"version": "9.0.0"})
-    decision = Router().route(table(dropped_agent, kept_agent), request(**req_kw))
-    assert decision.chosen.agent.name == "kept"
-    assert reasons(decision)["dropped"] == reason
+    t = table(dropped_agent, kept_agent)
+    assert Router().route(t, request(**req_kw)).chosen.agent.name == "kept"
+    assert reasons(Router().route(t, request(**req_kw), pick=False))["dropped"] == reason
 
 
 def test_filters_pass_when_the_constraint_is_met():
     a = agent("a", cap={"version": "1.10.0", "directions": ("en->ja",), "formats": ("pdf",),
                         "max_input_chars": 100})
-    decision = Router().route(table(a), request(min_version="1.9", src_lang="en",
-                                                dest_lang="ja", input_format="pdf",
-                                                input_chars=100))
-    assert decision.chosen is not None and not decision.dropped
+    req = request(min_version="1.9", src_lang="en", dest_lang="ja", input_format="pdf",
+                  input_chars=100)
+    assert Router().route(table(a), req).chosen is not None
+    assert not Router().route(table(a), req, pick=False).dropped
 
 
 def test_an_open_breaker_removes_its_instance():
     a = agent("a", instances=(inst(), inst()))
     broken = a.instances[0].pk
     router = Router(open_breakers=lambda: [broken])
-    decision = router.route(table(a), request())
-    assert decision.chosen.instance.pk == a.instances[1].pk
-    assert [d.reason for d in decision.dropped] == ["circuit_open"]
+    assert router.route(table(a), request()).chosen.instance.pk == a.instances[1].pk
+    dry = router.route(table(a), request(), pick=False)
+    assert [d.reason for d in dry.dropped] == ["circuit_open"]
 
 
 def test_grants_open_private_agents_and_other_namespaces():
@@ -202,7 +202,7 @@ def test_priority_one_is_used_while_any_of_it_is_healthy():
     router = Router()
     t = table(primary, backup)
     assert {router.route(t, request()).chosen.agent.name for _ in range(10)} == {"primary"}
-    assert reasons(router.route(t, request()))["backup"] == "lower_priority"
+    assert reasons(router.route(t, request(), pick=False))["backup"] == "lower_priority"
     down = table(agent("primary", priority=1, instances=(inst(state="offline"),)), backup)
     assert router.route(down, request()).chosen.agent.name == "backup"
 
