@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from routing.evaluation import evaluate, load_catalogue, load_requests  # noqa: E402
 from routing.matcher import IntentIndex  # noqa: E402
-from routing.router import IntentIndexHolder, RouteRequest, Router  # noqa: E402
+from routing.router import IntentIndexHolder, Router, RouteRequest  # noqa: E402
 from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable  # noqa: E402
 
 DATA = ROOT / "tests" / "routing" / "data"
@@ -83,6 +83,9 @@ def main() -> None:
     parser.add_argument("--capabilities", type=int, default=2_000)
     parser.add_argument("--id-calls", type=int, default=20_000)
     parser.add_argument("--intent-calls", type=int, default=2_000)
+    parser.add_argument("--embedder", default="lexical",
+                        help="also score the labelled sets with this embedder (minilm needs "
+                        "the semantic extra); the timed runs stay lexical")
     args = parser.parse_args()
 
     gc.collect()
@@ -141,6 +144,16 @@ def main() -> None:
               f"{heldout.hit_rate:.3f} ({heldout.hits}/{heldout.total})")
         for request, want, got in heldout.confusions:
             print(f"  held-out confusion: want {want}, got {got}: {request}")
+    if args.embedder != "lexical":
+        from routing.embedders import configured_embedder
+
+        semantic = IntentIndex(load_catalogue(DATA / "catalogue.json"),
+                               embedder=configured_embedder(args.embedder))
+        for name in ("requests.jsonl", "heldout.jsonl"):
+            if (DATA / name).exists():
+                result = evaluate(semantic, load_requests(DATA / name))
+                print(f"{name} with {args.embedder}: hit rate {result.hit_rate:.3f} "
+                      f"({result.hits}/{result.total})")
     print(f"routing id_p50_us={id_p50:.1f} id_p99_us={id_p99:.1f} intent_p99_ms={intent_p99:.2f}"
           f" hit_rate={labelled.hit_rate:.3f} table_mb={table_mb:.1f}")
 

@@ -16,12 +16,16 @@ from django.urls import re_path
 
 django_application = get_asgi_application()
 
+from django.conf import settings  # noqa: E402
+
 from gateway.app import GatewayApp  # noqa: E402
 from reach_platform.routes_runtime import start_route_subscriber  # noqa: E402
+from routing.embedders import configured_embedder  # noqa: E402
 from routing.router import IntentIndexHolder, Router  # noqa: E402
 
 _runtime = start_route_subscriber()
-_intents = IntentIndexHolder()
+_intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
+                             threshold=settings.INTENT_THRESHOLD)
 _intents.follow(_runtime.subscriber)
 gateway_application = GatewayApp(
     table=lambda: _runtime.subscriber.table, router=Router(index=_intents)

@@ -217,6 +217,11 @@ UPSTREAM_ALLOW = env.list(
 # one of these would make the gateway call itself.
 OWN_PORTS = [int(p) for p in env.list("REACH_OWN_PORTS", default=["8000"])]
 
+# Intent matching: "lexical" (default) or "minilm" (needs the semantic extra).
+INTENT_EMBEDDER = env.str("REACH_INTENT_EMBEDDER", default="lexical")
+# Minimum match score for an intent to name a capability (0..1.7).
+INTENT_THRESHOLD = env.float("REACH_INTENT_THRESHOLD", default=0.05)
+
 # A SQLite limitation the embedded mode accepts: the daily-usage uniqueness with
 # NULL agent/capability is enforced on PostgreSQL only (one writer fills it).
 SILENCED_SYSTEM_CHECKS = ["models.W047"]

@@ -19,4 +19,9 @@ os.environ.setdefault("REACH_REDIS_KEY_PREFIX", f"reach-test-{uuid.uuid4().hex[:
 from reach_platform.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# A file, not SQLite's in-memory default, so a real server started by a test
+# (uvicorn in a subprocess) reads the same test database.
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}  # noqa: F405
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405

@@ -141,3 +141,11 @@ def test_the_index_is_rebuilt_only_when_capability_texts_change():
     assert holder.index is first
     holder.update(table(agent("a", "x.y", cap={"description": "second"})))
     assert holder.index is not first
+
+
+def test_the_embedder_setting_is_checked():
+    from routing.embedders import configured_embedder
+
+    assert configured_embedder("lexical") is None
+    with pytest.raises(ValueError, match="unknown intent embedder"):
+        configured_embedder("gpt-9")
