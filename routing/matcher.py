@@ -139,18 +139,32 @@ class IntentIndex:
             for f, tf in doc.items():
                 # Saturating term frequency, shorter documents favoured: BM25.
                 postings[f].append((index, tf * (BM25_K1 + 1) / (tf + norm)))
-        # Arrays per feature: a request adds a few dozen of them, vectorised.
-        self._postings = {
-            f: (np.fromiter((i for i, _ in rows), dtype=np.int32, count=len(rows)),
-                np.fromiter((w for _, w in rows), dtype=np.float64, count=len(rows)))
-            for f, rows in postings.items()
-        }
+        # All postings in two flat arrays, each feature a slice of them: a request
+        # gathers its features' slices and sums them per document in one bincount.
+        self._slices: dict[str, tuple[int, int]] = {}
+        flat_docs: list[int] = []
+        flat_weights: list[float] = []
+        for f, rows in postings.items():
+            start = len(flat_docs)
+            flat_docs.extend(i for i, _ in rows)
+            flat_weights.extend(w for _, w in rows)
+            self._slices[f] = (start, len(flat_docs))
+        self._flat_docs = np.array(flat_docs, dtype=np.int64)
+        self._flat_weights = np.array(flat_weights, dtype=np.float64)
         # Each distinct keyword once, with the capabilities that declare it.
         keyword_docs: dict[tuple[bool, str], list[int]] = defaultdict(list)
         for index, c in enumerate(capabilities):
             for matcher in _keyword_matchers(c.keywords):
                 keyword_docs[matcher].append(index)
-        self._keyword_docs = {k: np.array(v, dtype=np.int32) for k, v in keyword_docs.items()}
+        # Found by where they start (two characters, or the first word's stem), so a
+        # request checks a handful of keywords, not every keyword of every capability.
+        self._keywords_by_start: dict[str, list[tuple[bool, str, np.ndarray]]] = (
+            defaultdict(list)
+        )
+        for (cjk, needle), indices in keyword_docs.items():
+            start = needle[:2] if cjk else needle.split()[0]
+            self._keywords_by_start[start].append(
+                (cjk, needle, np.array(indices, dtype=np.int32)))
         self._keeps_language = np.array([not c.changes_language for c in capabilities],
                                         dtype=bool)
         self._speller = Speller(w for c in capabilities for w in words(c.document()))
@@ -184,17 +198,25 @@ class IntentIndex:
         qnorm = (sum(query.values()) + unknown * self._max_idf) * (BM25_K1 + 1) or 1.0
         if not query:
             return {}
-        sums = np.zeros(len(self._ids))
-        for f, qw in query.items():
-            indices, weights = self._postings[f]
-            sums[indices] += qw * weights  # one posting per document: no duplicates
+        spans = [self._slices[f] for f in query]
+        positions = np.concatenate([np.arange(a, b) for a, b in spans])
+        scale = np.repeat(np.fromiter(query.values(), dtype=np.float64, count=len(query)),
+                          [b - a for a, b in spans])
+        sums = np.bincount(self._flat_docs[positions],
+                           weights=self._flat_weights[positions] * scale,
+                           minlength=len(self._ids))
         sims = sums / qnorm
         lowered = normalise(text)
-        stems = " " + " ".join(stem(w) for w in words(text)) + " "
+        stem_list = [stem(w) for w in words(text)]
+        stems = " " + " ".join(stem_list) + " "
         hits = np.zeros(len(self._ids))
-        for (cjk, needle), indices in self._keyword_docs.items():
-            if needle in (lowered if cjk else stems):
-                hits[indices] += 1
+        starts = {lowered[i:i + 2] for i in range(len(lowered) - 1)} | set(stem_list)
+        seen: set[str] = set()
+        for start in starts:
+            for cjk, needle, indices in self._keywords_by_start.get(start, ()):
+                if needle not in seen and needle in (lowered if cjk else stems):
+                    seen.add(needle)
+                    hits[indices] += 1
         touched = sums > 0
         sims = np.minimum(1.0, sims + np.minimum(KEYWORD_BONUS_CAP, KEYWORD_BONUS * hits))
         if TO_LANGUAGE in query:
