@@ -145,6 +145,8 @@ class Capability(models.Model):
     output_schema = models.JSONField(default=dict, blank=True)
     # Canonical parameter name -> the agent's own, so the gateway can map back.
     param_map = models.JSONField(default=dict, blank=True)
+    # Plain-HTTP agents: request template and response mapping (envelope unwrapping).
+    adapter = models.JSONField(default=dict, blank=True)
     path = models.CharField(max_length=300, blank=True)
     method = models.CharField(max_length=8, default="POST")
     timeout_ms = models.PositiveIntegerField(default=30_000, validators=[MinValueValidator(1)])

@@ -134,7 +134,8 @@ def _sync_capabilities(agent: Agent, spec: AgentSpec) -> None:
         row = existing.get(cap.capability_id) or Capability(agent=agent)
         for name in (
             "capability_id", "display_name", "description", "input_schema", "output_schema",
-            "param_map", "timeout_ms", "qps", "burst", "kind", "version", "path", "method",
+            "param_map", "adapter", "timeout_ms", "qps", "burst", "kind", "version", "path",
+            "method",
         ):
             setattr(row, name, getattr(cap, name))
         row.keywords = list(cap.keywords)

@@ -62,7 +62,8 @@ def agent_entry(agent: Agent) -> AgentEntry:
                 languages=tuple(c.languages), directions=tuple(c.directions),
                 formats=tuple(c.formats), max_input_chars=c.max_input_chars,
                 input_schema=freeze(c.input_schema), output_schema=freeze(c.output_schema),
-                param_map=freeze(c.param_map), timeout_ms=c.timeout_ms, qps=c.qps,
+                param_map=freeze(c.param_map), adapter=freeze(c.adapter),
+                timeout_ms=c.timeout_ms, qps=c.qps,
                 burst=c.burst, kind=c.kind, version=c.version, path=c.path, method=c.method,
             )
             for c in agent.capabilities.all()

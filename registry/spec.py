@@ -34,6 +34,9 @@ class CapabilitySpec:
     # means the agent's protocol default.
     path: str = ""
     method: str = "POST"
+    # How the gateway speaks to a plain-HTTP capability: ``{"request": {"template":
+    # …}, "response": {"envelope": {…}, "output": "…", "reply": "…"}}``.
+    adapter: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

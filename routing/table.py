@@ -37,6 +37,7 @@ class CapabilityEntry:
     input_schema: Mapping = field(default_factory=_empty)
     output_schema: Mapping = field(default_factory=_empty)
     param_map: Mapping = field(default_factory=_empty)
+    adapter: Mapping = field(default_factory=_empty)
     timeout_ms: int = 30_000
     qps: int | None = None
     burst: int | None = None
@@ -48,7 +49,7 @@ class CapabilityEntry:
     def __post_init__(self) -> None:
         # Schemas arrive as plain dicts from callers; a shared table must not be
         # changeable through them.
-        for name in ("input_schema", "output_schema", "param_map"):
+        for name in ("input_schema", "output_schema", "param_map", "adapter"):
             value = getattr(self, name)
             if isinstance(value, dict):
                 object.__setattr__(self, name, freeze(value))
@@ -349,7 +350,7 @@ def _capability_fields(data: Mapping) -> dict:
     out = dict(data)
     for name in ("keywords", "languages", "directions", "formats"):
         out[name] = tuple(out.get(name) or ())
-    for name in ("input_schema", "output_schema", "param_map"):
+    for name in ("input_schema", "output_schema", "param_map", "adapter"):
         out[name] = freeze(out.get(name) or {})
     return out
 

@@ -22,8 +22,8 @@ class CapabilitySerializer(CleanModelSerializer):
         fields = [
             "id", "agent", "capability_id", "display_name", "description", "keywords",
             "languages", "directions", "formats", "max_input_chars", "input_schema",
-            "output_schema", "param_map", "timeout_ms", "qps", "burst", "kind", "version",
-            "path", "method",
+            "output_schema", "param_map", "adapter", "timeout_ms", "qps", "burst", "kind",
+            "version", "path", "method",
         ]
         read_only_fields = ["id"]
 

@@ -330,6 +330,9 @@ def _reach_fields(src: dict[str, Any]) -> dict[str, Any]:
         "qps": rate.get("qps"),
         "burst": rate.get("burst"),
         "version": src.get("version"),
+        # Declarative request template and response mapping for plain-HTTP agents.
+        "adapter": {k: src[k] for k in ("request", "response") if isinstance(src.get(k), dict)}
+        or None,
     }
 
 
@@ -349,6 +352,7 @@ def _capability(fields: dict[str, Any]) -> CapabilitySpec:
         "directions": _unique([directions] if isinstance(directions, str) else directions),
         "input_schema": copy.deepcopy(fields["input_schema"]),
         "output_schema": copy.deepcopy(fields["output_schema"]),
+        "adapter": copy.deepcopy(fields.get("adapter")),
     }
     built |= {key: _int(built[key]) for key in _INT_FIELDS if key in built}
     return CapabilitySpec(**_given(built))
