@@ -1,45 +1,45 @@
 """The gateway's ASGI application (the data plane).
 
-ASGI contract: serves ``http`` scopes under ``/v1/``; reads ``http.request``
-messages itself (no buffering framework) and answers with one JSON body.
-Every failure is the structured error of ``gateway.errors``. The app reads
-only the route table it is given: it never imports Django or the ORM.
+ASGI contract: serves ``http`` scopes for ``/v1/…`` and ``/metrics``; reads
+``http.request`` messages itself (no buffering framework, so a body over the
+limit is refused as it arrives) and watches ``http.disconnect`` while it
+streams, cancelling the upstream call at once. Every failure is the
+structured error of ``gateway.errors``. The app reads only the route table
+it is given: it never imports Django or the ORM.
+
+Routes: ``POST /v1/invoke``, ``POST /v1/chat/completions``, ``GET /v1/route``,
+``GET /metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
+import aiohttp
 import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway import chat
+from gateway.adapters import AgentResponse
 from gateway.auth import authenticate
+from gateway.breaker import BreakerState, CircuitBreakers
+from gateway.calls import CallContext, Caller, Upstream, to_agent_names
+from gateway.config import GatewayConfig
+from gateway.credentials import Credentials
 from gateway.errors import GatewayError
+from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
+from gateway.sse import EventFramer, StreamUsage, data_of, error_event
+from gateway.usage import UsageQueue
 from reach_platform import requestid
-from routing.router import Router, RouteRequest
+from routing.router import Candidate, Router, RouteRequest
 from routing.table import RouteTable
 
 logger = logging.getLogger(__name__)
-
-_STATUS_BY_ROUTE_ERROR = {"no_capability": "no_capability",
-                          "no_healthy_instance": "no_healthy_instance"}
-
-
-async def send_json(send, status: int, body: dict, request_id: str) -> None:
-    payload = orjson.dumps(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                (b"x-request-id", request_id.encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
 
 
 def header(scope, name: bytes) -> str | None:
@@ -49,37 +49,139 @@ def header(scope, name: bytes) -> str | None:
     return None
 
 
+async def send_json(send, status: int, body: dict, request_id: str) -> None:
+    payload = orjson.dumps(body)
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"x-request-id", request_id.encode())],
+    })
+    await send({"type": "http.response.body", "body": payload})
+
+
 class GatewayApp:
-    def __init__(self, *, table: Callable[[], RouteTable], router: Router) -> None:
+    def __init__(self, *, table: Callable[[], RouteTable], router: Router,
+                 config: GatewayConfig, breakers: CircuitBreakers | None = None,
+                 usage: UsageQueue | None = None) -> None:
         self._table = table
         self.router = router
+        self.config = config
+        self.breakers = breakers or CircuitBreakers()
+        self.feedback = router.feedback
+        self.usage = usage or UsageQueue()
+        self.caller = Caller(config=config, router=router, breakers=self.breakers,
+                             feedback=self.feedback,
+                             credentials=Credentials(config.credential_keys))
+
+    # ---- ASGI -------------------------------------------------------------------------
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         request_id = requestid.accept_or_new(header(scope, b"x-request-id"))
+        path, method = scope["path"].rstrip("/"), scope["method"]
+        started = time.monotonic()
+        endpoint = path.rsplit("/", 1)[-1] or "root"
+        outcome = "success"
         try:
-            status, body = self._dispatch(scope)
+            if sum(len(k) + len(v) for k, v in scope.get("headers", [])) \
+                    > self.config.max_header_bytes:
+                raise GatewayError("headers_too_large",
+                                   f"Request headers exceed {self.config.max_header_bytes} bytes.")
+            if path == "/metrics" and method == "GET":
+                await self._metrics(send)
+                return
+            if path == "/v1/route":
+                self._only(method, "GET", "HEAD")
+                await send_json(send, 200, {"request_id": request_id,
+                                            **self.dry_run(scope)}, request_id)
+            elif path == "/v1/invoke":
+                self._only(method, "POST")
+                await self.invoke(scope, receive, send, request_id)
+            elif path == "/v1/chat/completions":
+                self._only(method, "POST")
+                await chat.completions(self, scope, receive, send, request_id)
+            else:
+                raise GatewayError("not_found", f"No gateway route for {method} {scope['path']}")
         except GatewayError as error:
+            outcome = error.kind.code
             body = error.body(request_id)
             if error.explain is not None:
                 body["route"] = error.explain
             await send_json(send, error.kind.status, body, request_id)
-            return
+        except asyncio.CancelledError:
+            outcome = "client_cancelled"
+            raise
         except Exception:
-            logger.exception("gateway failure")
+            outcome = "internal_error"
+            logger.exception("gateway failure (request %s)", request_id)
             error = GatewayError("internal_error", "The gateway failed; it has been logged.")
             await send_json(send, 500, error.body(request_id), request_id)
-            return
-        await send_json(send, status, {"request_id": request_id, **body}, request_id)
+        finally:
+            if endpoint != "metrics":
+                CALLS.labels(endpoint, outcome).inc()
+                LATENCY.labels(outcome).observe(time.monotonic() - started)
 
-    def _dispatch(self, scope) -> tuple[int, dict]:
-        path, method = scope["path"], scope["method"]
-        if path.rstrip("/") == "/v1/route":
-            if method not in ("GET", "HEAD"):
-                raise GatewayError("method_not_allowed", "Use GET for /v1/route.")
-            return 200, self.dry_run(scope)
-        raise GatewayError("not_found", f"No gateway route for {method} {path}")
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.caller.pools.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    @staticmethod
+    def _only(method: str, *allowed: str) -> None:
+        if method not in allowed:
+            raise GatewayError("method_not_allowed", f"Use {' or '.join(allowed)}.")
+
+    async def read_body(self, scope, receive) -> bytes:
+        """The request body, refused with 413 as soon as it passes the limit."""
+        limit = self.config.max_body_bytes
+        declared = header(scope, b"content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise GatewayError("payload_too_large", f"Request body exceeds {limit} bytes.")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            body = message.get("body", b"")
+            size += len(body)
+            if size > limit:
+                raise GatewayError("payload_too_large", f"Request body exceeds {limit} bytes.")
+            chunks.append(body)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def read_json(self, scope, receive) -> dict:
+        raw = await self.read_body(scope, receive)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise GatewayError("malformed_json", f"Request body is not valid JSON: {exc}") \
+                from exc
+        if not isinstance(body, dict):
+            raise GatewayError("invalid_input", "Request body must be a JSON object.")
+        return body
+
+    async def _metrics(self, send) -> None:
+        TABLE_VERSION.set(self._table().version)
+        BREAKERS.clear()
+        for pk, state in self.breakers.states().items():
+            BREAKERS.labels(str(pk)).set(1.0 if state == BreakerState.OPEN else 0.5)
+        payload = generate_latest(REGISTRY)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    # ---- dry run ------------------------------------------------------------------------
 
     def dry_run(self, scope) -> dict:
         """``GET /v1/route?capability=…|intent=…``: ranked candidates, scores, drop reasons."""
@@ -87,35 +189,237 @@ class GatewayApp:
         key = authenticate(table, header(scope, b"authorization"))
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         request = route_request(key.tenant_pk, query,
-                                namespace=header(scope, b"x-reach-namespace"))
+                                namespace=header(scope, b"x-reach-namespace"),
+                                internal=self.config.is_internal((scope.get("client") or
+                                                                  (None,))[0]))
         decision = self.router.route(table, request, pick=False)
         explained = {"table_version": table.version, **decision.explain()}
         if decision.error:
-            raise GatewayError(decision.error, _route_message(decision), explain=explained)
+            raise GatewayError(decision.error, route_message(decision), explain=explained)
         return explained
 
+    # ---- invoke -------------------------------------------------------------------------
 
-def route_request(tenant_pk: int, params: dict, *, namespace: str | None) -> RouteRequest:
+    def begin(self, scope, table: RouteTable, route: RouteRequest, payload: dict,
+              request_id: str, tenant_pk: int) -> tuple[Candidate, dict, CallContext]:
+        """Route, validate and map the input; returns the first candidate, the payload in
+        the agent's names, and the call's context (deadline, retry policy)."""
+        decision = self.router.route(table, route)
+        if decision.error:
+            raise GatewayError(decision.error, route_message(decision))
+        candidate = decision.chosen
+        capability = candidate.capability
+        problems = self.caller.validators.errors(capability.input_schema, payload)
+        if problems:
+            message = "; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items())
+            error = GatewayError("invalid_input", f"input does not match the capability's "
+                                 f"input_schema: {message}")
+            error.details = problems
+            raise error
+        budget = min(capability.timeout_ms, self.config.max_timeout_ms)
+        caller_budget = deadline_header(scope)
+        ctx = CallContext(
+            request_id=request_id, tenant_pk=tenant_pk,
+            tenant_slug=table.tenants[tenant_pk].slug, started=time.monotonic(),
+            budget_ms=min(budget, caller_budget) if caller_budget else budget,
+            caller_bound=bool(caller_budget and caller_budget < budget),
+            idempotent=bool(header(scope, b"idempotency-key")),
+        )
+        return candidate, to_agent_names(capability, payload), ctx
+
+    async def invoke(self, scope, receive, send, request_id: str) -> None:
+        table = self._table()
+        key = authenticate(table, header(scope, b"authorization"))
+        body = await self.read_json(scope, receive)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise GatewayError("invalid_input", "'stream' must be true or false.")
+        if body.get("mode", "sync") != "sync":
+            raise GatewayError("invalid_input", "Only mode 'sync' is available; async tasks "
+                               "and callbacks are not served by this gateway yet.")
+        payload = body.get("input", {})
+        params = body.get("params", {})
+        if not isinstance(payload, dict) or not isinstance(params, dict):
+            raise GatewayError("invalid_input", "'input' and 'params' must be JSON objects.")
+        payload = {**params, **payload}
+        route = route_request(
+            key.tenant_pk,
+            {k: body.get(k) for k in ("capability", "intent", "min_version", "namespace",
+                                       "cost")} | {
+                "src_lang": payload.get("src_lang"), "dest_lang": payload.get("dest_lang"),
+                "input_chars": str(len(orjson.dumps(payload))),
+            },
+            namespace=header(scope, b"x-reach-namespace"),
+            internal=self.config.is_internal((scope.get("client") or (None,))[0]),
+        )
+        candidate, agent_payload, ctx = self.begin(scope, table, route, payload, request_id,
+                                                   key.tenant_pk)
+        route_ms = (time.monotonic() - ctx.started) * 1000
+        upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
+                                          stream=stream)
+        if stream:
+            await self.relay(scope, receive, send, upstream, ctx, openai_passthrough=True)
+            return
+        reply = await self.caller.read(upstream, ctx)
+        body = self.agent_response(upstream.candidate, reply, ctx, route_ms)
+        self.emit_usage(ctx, upstream.candidate, "success", reply.input_tokens,
+                        reply.output_tokens)
+        await send_json(send, 200, body, request_id)
+
+    def agent_response(self, candidate: Candidate, reply: AgentResponse, ctx: CallContext,
+                       route_ms: float) -> dict:
+        total_ms = (time.monotonic() - ctx.started) * 1000
+        return {
+            "request_id": ctx.request_id,
+            "agent": candidate.agent.name,
+            "instance": candidate.instance.pk,
+            "capability": candidate.capability.capability_id,
+            "reply_content": reply.reply_content,
+            "tool_calls": reply.tool_calls,
+            "output": reply.output,
+            "raw_meta": reply.raw_meta,
+            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+                      "cost": cost(candidate, reply.input_tokens, reply.output_tokens)},
+            "timings": {"route_ms": round(route_ms, 3),
+                        "upstream_ms": round(total_ms - route_ms, 3),
+                        "total_ms": round(total_ms, 3)},
+        }
+
+    def emit_usage(self, ctx: CallContext, candidate: Candidate | None, outcome: str,
+                   input_tokens: int = 0, output_tokens: int = 0) -> None:
+        self.usage.emit({
+            "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
+            "agent": candidate.agent.pk if candidate else None,
+            "capability": candidate.capability.pk if candidate else None,
+            "instance": candidate.instance.pk if candidate else None,
+            "outcome": outcome, "input_tokens": input_tokens, "output_tokens": output_tokens,
+            "cost": cost(candidate, input_tokens, output_tokens) if candidate else 0.0,
+            "latency_ms": int((time.monotonic() - ctx.started) * 1000),
+            "occurred_at": time.time(),
+        })
+
+    # ---- streaming ----------------------------------------------------------------------
+
+    async def relay(self, scope, receive, send, upstream: Upstream, ctx: CallContext,
+                    *, openai_passthrough: bool, keep_usage_chunk: bool = True,
+                    transform=None) -> None:
+        """Relay the agent's SSE stream event by event. An upstream break or an idle
+        stream ends with an SSE ``error`` event (never a fake ``[DONE]``); the client
+        going away cancels the upstream call at once. No retry once bytes are sent."""
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+            (b"x-request-id", ctx.request_id.encode()),
+        ]})
+        usage = StreamUsage()
+        framer = EventFramer()
+        outcome, error = "success", None
+        instance = upstream.candidate.instance
+
+        async def pump() -> None:
+            nonlocal error, outcome
+            try:
+                async for chunk in upstream.response.content.iter_any():
+                    out = []
+                    for event in framer.feed(chunk):
+                        data = data_of(event)
+                        if data is not None and openai_passthrough and usage.observe(data) \
+                                and not keep_usage_chunk:
+                            continue
+                        if transform is not None:
+                            event = transform(event)
+                            if event is None:
+                                continue
+                        out.append(event)
+                    if out:
+                        await send({"type": "http.response.body", "body": b"".join(out),
+                                    "more_body": True})
+                if framer.pending.strip():
+                    raise aiohttp.ClientPayloadError("stream ended inside an event")
+            except (TimeoutError, aiohttp.ServerTimeoutError):
+                outcome = "upstream_timeout"
+                error = GatewayError("upstream_timeout", "the agent's stream went idle for "
+                                     f"{self.config.stream_idle_timeout_s:g} s")
+            except (aiohttp.ClientError, OSError) as exc:
+                outcome = "upstream_error"
+                error = GatewayError("upstream_error", "the agent's stream broke off "
+                                     f"({type(exc).__name__})")
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+
+        pumping = asyncio.ensure_future(pump())
+        watching = asyncio.ensure_future(watch_disconnect())
+        try:
+            done, _ = await asyncio.wait({pumping, watching},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if watching in done and pumping not in done:
+                outcome = "client_cancelled"
+                pumping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pumping
+            else:
+                if error is not None:
+                    await send({"type": "http.response.body",
+                                "body": error_event(error.body(ctx.request_id)),
+                                "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+        finally:
+            watching.cancel()
+            upstream.response.close()  # drops the connection: cancels the agent's work
+            self.caller.record_stream(instance.pk, ok=outcome in ("success", "client_cancelled"),
+                                      started=upstream.started)
+            tokens_in, tokens_out = usage.totals()
+            self.emit_usage(ctx, upstream.candidate, outcome, tokens_in, tokens_out)
+            CALLS.labels("stream", outcome).inc()
+
+
+def cost(candidate: Candidate | None, input_tokens: int, output_tokens: int) -> float:
+    if candidate is None:
+        return 0.0
+    agent = candidate.agent
+    return round(agent.price_per_call + input_tokens / 1000 * agent.price_input_per_1k
+                 + output_tokens / 1000 * agent.price_output_per_1k, 6)
+
+
+def deadline_header(scope) -> int | None:
+    raw = header(scope, b"x-reach-deadline-ms")
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or int(raw) <= 0:
+        raise GatewayError("invalid_input", "X-Reach-Deadline-Ms must be a positive integer.")
+    return int(raw)
+
+
+def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
+                  internal: bool = False) -> RouteRequest:
     capability, intent = params.get("capability"), params.get("intent")
     if bool(capability) == bool(intent):
         raise GatewayError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
+    if not isinstance(capability or intent, str):
+        raise GatewayError("invalid_input", "'capability' and 'intent' must be strings.")
     input_chars = params.get("input_chars")
-    if input_chars is not None and not input_chars.isdigit():
+    if input_chars is not None and not str(input_chars).isdigit():
         raise GatewayError("invalid_input", "'input_chars' must be a non-negative integer.")
-    cost = params.get("cost", "best")
-    if cost not in ("best", "cheapest"):
+    cost_preference = params.get("cost") or "best"
+    if cost_preference not in ("best", "cheapest"):
         raise GatewayError("invalid_input", "'cost' must be 'best' or 'cheapest'.")
+    for name in ("min_version", "src_lang", "dest_lang", "format", "namespace"):
+        if params.get(name) is not None and not isinstance(params.get(name), str):
+            raise GatewayError("invalid_input", f"'{name}' must be a string.")
     return RouteRequest(
         tenant_pk=tenant_pk, capability=capability, intent=intent,
         namespace=namespace or params.get("namespace") or "default",
         min_version=params.get("min_version"), src_lang=params.get("src_lang"),
         dest_lang=params.get("dest_lang"), input_format=params.get("format"),
         input_chars=int(input_chars) if input_chars is not None else None,
-        cost_preference=cost,
+        cost_preference=cost_preference, internal_network=internal,
     )
 
 
-def _route_message(decision) -> str:
+def route_message(decision) -> str:
     if decision.error == "no_capability":
         if decision.capability:
             return f"No agent offers {decision.capability!r} to this tenant."

@@ -145,7 +145,9 @@ class CircuitBreakers:
         with self._lock:
             self._sweep(now)
             return {
-                pk: b.state for pk, b in self._breakers.items() if b.state is not BreakerState.CLOSED
+                pk: b.state
+                for pk, b in self._breakers.items()
+                if b.state is not BreakerState.CLOSED
             }
 
     # Helpers below expect the lock to be held.

@@ -48,13 +48,16 @@ class GatewayError(Exception):
         self.message = message
         # A dry run's explanation, returned beside the error so callers see why.
         self.explain = explain
+        # Field paths -> messages, for invalid input.
+        self.details: dict | None = None
 
     def body(self, request_id: str) -> dict:
-        return {
-            "error": {
-                "code": self.kind.code,
-                "message": self.message,
-                "request_id": request_id,
-                "retryable": self.kind.retryable,
-            }
+        error = {
+            "code": self.kind.code,
+            "message": self.message,
+            "request_id": request_id,
+            "retryable": self.kind.retryable,
         }
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}

@@ -8,6 +8,7 @@ to PostgreSQL and Redis. Every value is read through django-environ, which raise
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import environ
@@ -216,6 +217,21 @@ UPSTREAM_ALLOW = env.list(
 # The platform's own listening ports: an agent endpoint on a local address with
 # one of these would make the gateway call itself.
 OWN_PORTS = [int(p) for p in env.list("REACH_OWN_PORTS", default=["8000"])]
+
+# The gateway (data plane).
+GATEWAY_MAX_BODY_BYTES = env.int("REACH_GATEWAY_MAX_BODY_BYTES", default=1024 * 1024)
+# Source networks allowed to reach internal_only agents (with a tenant that may).
+GATEWAY_INTERNAL_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in env.list("REACH_INTERNAL_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+)
+
+# Circuit breakers, per instance: the field's defaults (60 s window, 30 % failures
+# after 10 calls, 30 s cool-down); tests shorten the cool-down.
+GATEWAY_BREAKER_WINDOW_S = env.float("REACH_BREAKER_WINDOW_S", default=60.0)
+GATEWAY_BREAKER_FAILURE_RATIO = env.float("REACH_BREAKER_FAILURE_RATIO", default=0.30)
+GATEWAY_BREAKER_MIN_VOLUME = env.int("REACH_BREAKER_MIN_VOLUME", default=10)
+GATEWAY_BREAKER_COOLDOWN_S = env.float("REACH_BREAKER_COOLDOWN_S", default=30.0)
 
 # Intent matching: "lexical" (default) or "minilm" (needs the semantic extra).
 INTENT_EMBEDDER = env.str("REACH_INTENT_EMBEDDER", default="lexical")

@@ -37,6 +37,8 @@ class RouteRequest:
     cost_preference: str = "best"  # "best" or "cheapest"
     # The caller's network is one internal_only agents accept (decided by the gateway).
     internal_network: bool = False
+    # Only this agent ("name" or "namespace/name"), as an OpenAI "model" names one.
+    agent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
 def capability_filter(
     table: RouteTable, request: RouteRequest, agent: AgentEntry, capability: CapabilityEntry
 ) -> tuple[str, str] | None:
+    if request.agent and request.agent not in (agent.name, f"{agent.namespace}/{agent.name}"):
+        return "not_requested", f"the call names agent {request.agent!r}"
     granted = _granted(table, request.tenant_pk, agent, capability)
     owner = agent.owner_tenant_pk == request.tenant_pk
     if agent.namespace != request.namespace and not granted:
@@ -314,6 +318,9 @@ class Router:
         self._prepared: dict[str, _Prepared] = {}
         self._lock = threading.Lock()
 
+    def set_open_breakers(self, open_breakers: Callable[[], Iterable[int]]) -> None:
+        self._open_breakers = open_breakers
+
     # -- candidates of one capability id, cached per table
     def _rows(self, table: RouteTable, capability_id: str) -> _Prepared:
         if self._prepared_for is not table:
@@ -338,17 +345,20 @@ class Router:
             self._prepared[capability_id] = prepared
         return prepared
 
-    def route(self, table: RouteTable, request: RouteRequest, *, pick: bool = True) -> Decision:
-        """Decide. ``pick=False`` ranks without advancing the balancer (a dry run)."""
+    def route(self, table: RouteTable, request: RouteRequest, *, pick: bool = True,
+              exclude: frozenset[int] = frozenset()) -> Decision:
+        """Decide. ``pick=False`` ranks without advancing the balancer (a dry run);
+        ``exclude`` lists instances not to use (those a retry already tried)."""
         if request.capability:
-            return self._route_capability(table, request, request.capability, (), pick=pick)
+            return self._route_capability(table, request, request.capability, (), pick=pick,
+                                          exclude=exclude)
         index = self._index()
         match: Match = index.match(request.intent or "") if index else Match(ranked=())
         if not match.ranked:
             return Decision(capability=None, chosen=None, error="no_capability")
         if match.plan:
             first = self._route_capability(table, request, match.plan[0], match.ranked,
-                                           pick=pick)
+                                           pick=pick, exclude=exclude)
             return Decision(
                 capability=match.plan[0], chosen=first.chosen, candidates=first.candidates,
                 dropped=first.dropped, matches=match.ranked, plan=match.plan,
@@ -360,7 +370,7 @@ class Router:
         last = None
         for score in match.ranked[:5]:
             decision = self._route_capability(table, request, score.capability_id,
-                                              match.ranked, pick=pick)
+                                              match.ranked, pick=pick, exclude=exclude)
             if decision.chosen is not None or (decision.candidates and not pick):
                 return Decision(
                     capability=decision.capability, chosen=decision.chosen,
@@ -374,13 +384,14 @@ class Router:
             matches=match.ranked, error=last.error if last else "no_capability",
         )
 
-    def _route_capability(self, table, request, capability_id, matches, *, pick) -> Decision:
+    def _route_capability(self, table, request, capability_id, matches, *, pick,
+                          exclude: frozenset[int] = frozenset()) -> Decision:
         prepared = self._rows(table, capability_id)
         if not prepared.rows:
             return Decision(capability=capability_id, chosen=None, matches=tuple(matches),
                             error="no_capability")
         match_score = next((s.score for s in matches if s.capability_id == capability_id), 1.0)
-        open_breakers = frozenset(self._open_breakers())
+        open_breakers = frozenset(self._open_breakers()) | exclude
         explain = not pick
         dropped: list[Dropped] = []
         kept: list[_Row] = []
@@ -403,7 +414,7 @@ class Router:
         if not kept:
             if not explain:  # say why, in full, only when there is nothing to route to
                 return self._route_capability(table, request, capability_id, matches,
-                                              pick=False)
+                                              pick=False, exclude=exclude)
             # Every candidate failed a capability-level check: the capability is not
             # offered to this caller; otherwise instances exist but none is healthy.
             agent_level = all(agent_reason[r.agent.pk] is not None for r in prepared.rows)

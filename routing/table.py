@@ -215,6 +215,12 @@ class RouteTable:
     grants_by_tenant: Mapping[int, tuple[GrantEntry, ...]] = field(
         default_factory=_empty, compare=False
     )
+    credentials_by_pair: Mapping[tuple[int, int], tuple[CredentialEntry, ...]] = field(
+        default_factory=_empty, compare=False
+    )
+
+    def credentials_for(self, tenant_pk: int, agent_pk: int) -> tuple[CredentialEntry, ...]:
+        return self.credentials_by_pair.get((tenant_pk, agent_pk), ())
 
     def indexed(self) -> RouteTable:
         by_cap: dict[str, list[int]] = {}
@@ -230,6 +236,7 @@ class RouteTable:
                 {k.prefix: k for k in self.api_keys.values()}
             ),
             grants_by_tenant=_grants_by_tenant(self.grants),
+            credentials_by_pair=_credentials_by_pair(self.credentials),
         )
 
     def apply(self, delta: Delta) -> RouteTable:
@@ -245,7 +252,8 @@ class RouteTable:
         else:
             rows[delta.pk] = delta.entry
         table = replace(self, version=delta.version, **{name: types.MappingProxyType(rows)})
-        return table.indexed() if delta.kind in ("agent", "api_key", "grant") else table
+        derived = ("agent", "api_key", "grant", "credential")
+        return table.indexed() if delta.kind in derived else table
 
     def apply_load(self, report: LoadReport) -> RouteTable:
         """Fold an unversioned load report into the instance it names, if present."""
@@ -269,6 +277,13 @@ class RouteTable:
                 if inst.pk == instance_pk:
                     return inst
         return None
+
+
+def _credentials_by_pair(credentials: Mapping[int, CredentialEntry]) -> Mapping:
+    out: dict[tuple[int, int], list[CredentialEntry]] = {}
+    for entry in credentials.values():
+        out.setdefault((entry.tenant_pk, entry.agent_pk), []).append(entry)
+    return types.MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 
 def _grants_by_tenant(grants: Mapping[int, GrantEntry]) -> Mapping:

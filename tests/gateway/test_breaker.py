@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from gateway.breaker import BreakerState, CircuitBreakers
 
 
@@ -61,7 +63,7 @@ def test_old_outcomes_slide_out_of_window() -> None:
     _feed(cb, 1, 9, 1)
     assert cb.state(1) is BreakerState.CLOSED
     clock.now += 30
-    # Still inside the window together with the previous ten: 3 more fails of 13 total ≥ 30 %.
+    # The previous ten still count: 4 fails of 13 is ≥ 30 %.
     _feed(cb, 1, 0, 3)
     assert cb.state(1) is BreakerState.OPEN
 
@@ -174,6 +176,26 @@ def test_closed_breakers_with_empty_window_are_dropped() -> None:
     clock.now += 61
     assert cb.states() == {}
     assert cb._breakers == {}
+
+
+def test_concurrent_allow_issues_exactly_one_probe() -> None:
+    clock = FakeClock()
+    cb = _breakers(clock)
+    _open(cb, 1)
+    clock.now += 30
+    barrier = threading.Barrier(16)
+    results: list[bool] = []
+
+    def worker() -> None:
+        barrier.wait()
+        results.append(cb.allow(1))
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 15 + [True]
 
 
 def test_memory_bounded_under_heavy_traffic() -> None:

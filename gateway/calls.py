@@ -1,0 +1,263 @@
+"""One call to an agent, from a routed decision to an ``AgentResponse`` or a relayed stream.
+
+Owns the resilience rules: the deadline (the agent's ``timeout_ms`` capped by
+the caller's budget), at most one retry on a different instance only while
+the budget lasts and only when the first attempt never reached the agent or
+the call is idempotent, the circuit breakers, and the feedback the router
+scores with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from jsonschema import Draft202012Validator
+
+from gateway.adapters import AgentResponse, UpstreamRequest, build_request, parse_response
+from gateway.breaker import CircuitBreakers
+from gateway.config import GatewayConfig
+from gateway.credentials import Credentials
+from gateway.errors import GatewayError
+from gateway.metrics import BAD_RESPONSES, RETRIES, UPSTREAM_LATENCY
+from gateway.upstream import UpstreamFailure, UpstreamPools, translate_error
+from routing.router import Candidate, Feedback, Router, RouteRequest
+from routing.table import CapabilityEntry, RouteTable
+
+
+@dataclass
+class CallContext:
+    request_id: str
+    tenant_pk: int
+    tenant_slug: str
+    started: float  # time.monotonic()
+    budget_ms: int
+    caller_bound: bool  # the caller's X-Reach-Deadline-Ms, not the agent's timeout, binds
+    idempotent: bool
+    attempts: list[int] = field(default_factory=list)  # instance pks tried
+
+    def remaining_ms(self) -> float:
+        return self.budget_ms - (time.monotonic() - self.started) * 1000
+
+    def timed_out(self) -> GatewayError:
+        if self.caller_bound:
+            return GatewayError("deadline_exceeded",
+                                f"The caller's budget of {self.budget_ms} ms ran out.")
+        return GatewayError("upstream_timeout",
+                            f"The agent did not answer within {self.budget_ms} ms.")
+
+
+class Validators:
+    """Compiled JSON Schema validators, one per schema object in the table."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[object, Draft202012Validator]] = {}
+
+    def errors(self, schema, instance) -> dict[str, list[str]]:
+        if not schema:
+            return {}
+        cached = self._cache.get(id(schema))
+        if cached is None or cached[0] is not schema:
+            from gateway.adapters import thaw
+
+            cached = (schema, Draft202012Validator(thaw(schema)))
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[id(schema)] = cached
+        problems: dict[str, list[str]] = {}
+        for error in cached[1].iter_errors(instance):
+            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                           for p in error.absolute_path).lstrip(".") or "$"
+            problems.setdefault(path, []).append(error.message)
+        return problems
+
+
+def to_agent_names(capability: CapabilityEntry, payload: dict) -> dict:
+    """Canonical parameter names (``dest_lang``) back to the agent's own (``target_lang``)."""
+    if not capability.param_map:
+        return payload
+    out = dict(payload)
+    for canonical, own in capability.param_map.items():
+        if canonical in out and canonical != own:
+            out[own] = out.pop(canonical)
+    return out
+
+
+@dataclass
+class Upstream:
+    """An open upstream reply: the gateway reads it (JSON) or relays it (stream)."""
+
+    candidate: Candidate
+    response: aiohttp.ClientResponse
+    started: float
+
+
+class Caller:
+    def __init__(self, *, config: GatewayConfig, router: Router, breakers: CircuitBreakers,
+                 feedback: Feedback, credentials: Credentials) -> None:
+        self.config = config
+        self.router = router
+        self.breakers = breakers
+        self.feedback = feedback
+        self.credentials = credentials
+        self.pools = UpstreamPools(config.policy, connect_timeout_s=config.connect_timeout_s)
+        self.validators = Validators()
+
+    def downstream_budget_ms(self, ctx: CallContext) -> int:
+        remaining = ctx.remaining_ms()
+        margin = min(self.config.deadline_margin_ms, remaining * self.config.deadline_margin_share)
+        return max(1, int(remaining - margin))
+
+    async def open(self, table: RouteTable, route: RouteRequest, first: Candidate,
+                   payload: dict, ctx: CallContext, *, stream: bool) -> Upstream:
+        """Send the call and return once the agent's status line is in; retries once on
+        another instance when that is safe. Raises ``GatewayError``."""
+        candidate = first
+        while True:
+            ctx.attempts.append(candidate.instance.pk)
+            try:
+                return await self._attempt(table, candidate, payload, ctx, stream=stream)
+            except UpstreamFailure as failure:
+                retry = self._retry_candidate(table, route, ctx, failure)
+                if retry is None:
+                    raise GatewayError(failure.code, failure.message) from failure
+                RETRIES.inc()
+                low, high = self.config.retry_backoff_ms
+                await asyncio.sleep(random.uniform(low, high) / 1000)
+                candidate = retry
+
+    def _retry_candidate(self, table, route, ctx: CallContext, failure: UpstreamFailure):
+        if len(ctx.attempts) >= 2 or not (not failure.delivered or ctx.idempotent):
+            return None
+        if ctx.remaining_ms() < 2 * self.config.retry_backoff_ms[1]:
+            return None
+        decision = self.router.route(table, route, exclude=frozenset(ctx.attempts))
+        return decision.chosen
+
+    async def _attempt(self, table: RouteTable, candidate: Candidate, payload: dict,
+                       ctx: CallContext, *, stream: bool) -> Upstream:
+        instance, agent = candidate.instance, candidate.agent
+        if not self.breakers.allow(instance.pk):
+            raise UpstreamFailure("circuit_open", "the instance's circuit breaker is open",
+                                  delivered=False)
+        remaining = ctx.remaining_ms()
+        if remaining <= 0:
+            raise ctx.timed_out()
+        upstream: UpstreamRequest = build_request(agent, candidate.capability, payload,
+                                                  stream=stream, request_id=ctx.request_id)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream" if stream else "application/json",
+            "x-request-id": ctx.request_id,
+            "x-reach-deadline-ms": str(self.downstream_budget_ms(ctx)),
+            "x-reach-tenant": ctx.tenant_slug,
+            "x-reach-capability": candidate.capability.capability_id,
+        }
+        query: dict[str, str] = {}
+        ssl_context = self.credentials.apply(table, ctx.tenant_pk, agent.pk, headers, query)
+        url = instance.endpoint.rstrip("/") + "/" + upstream.path.lstrip("/")
+        session = self.pools.session(agent.pk, agent.pool_max_connections,
+                                     agent.pool_idle_seconds)
+        seconds = remaining / 1000
+        timeout = aiohttp.ClientTimeout(
+            total=None if stream else seconds,
+            sock_connect=min(self.config.connect_timeout_s, seconds),
+            # A stream's clock is its idle time between events; the first byte must
+            # still come within the budget.
+            sock_read=min(self.config.stream_idle_timeout_s, seconds) if stream else None,
+        )
+        started = time.monotonic()
+        try:
+            response = await asyncio.wait_for(
+                session.post(url, data=orjson.dumps(upstream.body), headers=headers,
+                             params=query or None, allow_redirects=False, timeout=timeout,
+                             ssl=ssl_context if ssl_context is not None else True),
+                timeout=seconds,
+            )
+        except TimeoutError as exc:
+            self._record(instance.pk, ok=False, started=started)
+            if ctx.remaining_ms() <= 1:
+                raise ctx.timed_out() from exc
+            raise translate_error(exc) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            self._record(instance.pk, ok=False, started=started)
+            raise translate_error(exc) from exc
+        if response.status >= 500:
+            response.release()
+            self._record(instance.pk, ok=False, started=started)
+            raise UpstreamFailure("upstream_error",
+                                  f"the agent answered HTTP {response.status}", delivered=True)
+        if 300 <= response.status < 400:
+            response.release()
+            self._record(instance.pk, ok=True, started=started)
+            raise GatewayError("upstream_bad_response",
+                               f"the agent answered a redirect (HTTP {response.status}); "
+                               "redirects are not followed")
+        if response.status >= 400:
+            response.release()
+            self._record(instance.pk, ok=True, started=started)
+            raise GatewayError("upstream_error",
+                               f"the agent refused the call (HTTP {response.status})")
+        return Upstream(candidate=candidate, response=response, started=started)
+
+    async def read(self, upstream: Upstream, ctx: CallContext) -> AgentResponse:
+        """Read and parse a non-streamed reply, within the budget and the size limit."""
+        instance = upstream.candidate.instance
+        try:
+            async with asyncio.timeout(max(0.001, ctx.remaining_ms() / 1000)):
+                body = await self._read_limited(upstream.response)
+        except TimeoutError as exc:
+            self._record(instance.pk, ok=False, started=upstream.started)
+            raise ctx.timed_out() from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            self._record(instance.pk, ok=False, started=upstream.started)
+            raise GatewayError("upstream_error", translate_error(exc).message) from exc
+        finally:
+            upstream.response.release()
+        self._record(instance.pk, ok=True, started=upstream.started)
+        UPSTREAM_LATENCY.labels(upstream.candidate.agent.protocol).observe(
+            time.monotonic() - upstream.started)
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
+            raise GatewayError("upstream_bad_response", "the agent's reply is not JSON") from exc
+        try:
+            reply = parse_response(upstream.candidate.agent, upstream.candidate.capability, data)
+        except GatewayError as error:
+            if error.kind.code == "upstream_bad_response":
+                BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
+            raise
+        problems = self.validators.errors(upstream.candidate.capability.output_schema,
+                                          reply.output)
+        if problems:
+            BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
+            detail = "; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items())
+            raise GatewayError("upstream_bad_response",
+                               f"the agent's output does not match its output_schema: {detail}")
+        return reply
+
+    async def _read_limited(self, response: aiohttp.ClientResponse) -> bytes:
+        limit = self.config.max_upstream_bytes
+        if response.content_length is not None and response.content_length > limit:
+            raise GatewayError("upstream_bad_response",
+                               f"the agent's reply is larger than {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in response.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError("upstream_bad_response",
+                                   f"the agent's reply is larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _record(self, instance_pk: int, *, ok: bool, started: float) -> None:
+        self.breakers.record(instance_pk, ok=ok)
+        self.feedback.record(instance_pk, ok=ok, latency_ms=(time.monotonic() - started) * 1000)
+
+    def record_stream(self, instance_pk: int, *, ok: bool, started: float) -> None:
+        self._record(instance_pk, ok=ok, started=started)

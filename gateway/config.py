@@ -1,0 +1,45 @@
+"""The gateway's settings, as one value object built by the ASGI entry point.
+
+The gateway never reads Django settings itself: ``reach_platform.asgi`` builds
+this from them, and tests build it directly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from registry.endpoints import EndpointPolicy
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    policy: EndpointPolicy
+    # Fernet keys for downstream credentials (the first encrypts, all decrypt).
+    credential_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    max_upstream_bytes: int = 10 * 1024 * 1024
+    connect_timeout_s: float = 3.0
+    stream_idle_timeout_s: float = 15.0
+    # Ceiling on any call's budget, whatever the agent declares.
+    max_timeout_ms: int = 300_000
+    # Kept back from the budget passed downstream, so the agent answers (or gives
+    # up) before the gateway's own clock runs out: min(cap, share x remaining).
+    deadline_margin_ms: int = 50
+    deadline_margin_share: float = 0.1
+    retry_backoff_ms: tuple[int, int] = (10, 50)
+    # Source networks internal_only agents accept.
+    internal_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
+        default_factory=lambda: (ipaddress.ip_network("127.0.0.0/8"),
+                                 ipaddress.ip_network("::1/128"))
+    )
+
+    def is_internal(self, address: str | None) -> bool:
+        if not address:
+            return False
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in self.internal_networks)

@@ -1,0 +1,68 @@
+"""Downstream credentials: decrypted only when a call uses them, kept in memory only.
+
+The route table carries each tenant x agent credential encrypted (or as an
+environment variable name); snapshots on disk therefore never hold a secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+from functools import lru_cache
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+from gateway.errors import GatewayError
+from routing.table import CredentialEntry, RouteTable
+
+
+class Credentials:
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self._fernet = MultiFernet([Fernet(k.encode()) for k in keys]) if keys else None
+        self._secret = lru_cache(maxsize=4096)(self._decrypt)
+        self._ssl = lru_cache(maxsize=256)(self._ssl_context)
+
+    def _decrypt(self, ciphertext: str) -> str:
+        if self._fernet is None:
+            raise GatewayError("internal_error", "Credential keys are not configured.")
+        try:
+            return self._fernet.decrypt(base64.b64decode(ciphertext)).decode()
+        except (InvalidToken, ValueError) as exc:
+            raise GatewayError(
+                "internal_error", "A downstream credential cannot be decrypted."
+            ) from exc
+
+    @staticmethod
+    def _ssl_context(cert: str, key: str) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        context.load_cert_chain(cert, key)
+        return context
+
+    def secret(self, entry: CredentialEntry) -> str | None:
+        if entry.value_env:
+            return os.environ.get(entry.value_env)
+        if entry.secret_ciphertext:
+            return self._secret(entry.secret_ciphertext)
+        return None
+
+    def apply(self, table: RouteTable, tenant_pk: int, agent_pk: int,
+              headers: dict[str, str], query: dict[str, str]) -> ssl.SSLContext | None:
+        """Add the tenant's credentials for the agent to ``headers`` / ``query``; return an
+        SSL context when one is an mTLS client certificate."""
+        context = None
+        for entry in table.credentials_for(tenant_pk, agent_pk):
+            if entry.kind == "mtls":
+                context = self._ssl(entry.client_cert_path, entry.client_key_path)
+                continue
+            value = self.secret(entry)
+            if value is None:
+                raise GatewayError("internal_error",
+                                   "A downstream credential is configured but has no value.")
+            if entry.kind == "bearer":
+                headers["authorization"] = f"Bearer {value}"
+            elif entry.kind == "header":
+                headers[entry.field_name.lower()] = value
+            elif entry.kind == "query":
+                query[entry.field_name] = value
+        return context

@@ -1,0 +1,108 @@
+"""A real gateway (uvicorn in a subprocess) in front of real agents on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from django.conf import settings
+
+from agent_reach.demo_agents import run_in_thread
+from registry.descriptors import parse_json_descriptor
+from registry.services import agent_register
+from registry.spec import AgentSpec, CapabilitySpec
+from tenants.choices import ApiKeyScope
+from tests import factories
+from tests.servers import ROOT, free_port, platform_env, running, uvicorn_args
+
+
+def database_url() -> str:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("postgresql"):
+        return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return f"sqlite:///{db['NAME']}"
+
+
+def start_scripted_agent(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.agents.scripted_agent", str(port)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    if proc.stdout.readline().strip() != "READY":
+        proc.kill()
+        raise RuntimeError("scripted agent did not start")
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+
+
+@dataclass
+class Gateway:
+    base: str
+    key: str
+    tenant: object
+    agent_port: int
+    procs: list = field(default_factory=list)
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=10,
+                            headers={"Authorization": f"Bearer {self.key}"}, **kw)
+
+    def seen(self) -> list[dict]:
+        return httpx.get(f"http://127.0.0.1:{self.agent_port}/_seen").json()
+
+
+def scripted_spec(port: int) -> list[AgentSpec]:
+    endpoint = f"http://127.0.0.1:{port}/"
+    return [
+        AgentSpec(name="scripted", protocol="http", endpoint=endpoint, capabilities=(
+            CapabilitySpec(capability_id="echo.all", path="/echo",
+                           output_schema={"type": "object", "required": ["echo"]}),
+            CapabilitySpec(capability_id="slow.op", path="/slow", timeout_ms=5000),
+            CapabilitySpec(capability_id="bad.op", path="/bad",
+                           output_schema={"type": "object", "required": ["answer"]}),
+            CapabilitySpec(capability_id="redirect.op", path="/redirect"),
+        )),
+        AgentSpec(name="scripted-chat", protocol="openai", endpoint=endpoint, capabilities=(
+            CapabilitySpec(capability_id="chat.scripted", path="/v1/chat/completions",
+                           kind="stream"),
+        )),
+    ]
+
+
+@pytest.fixture
+def gateway(transactional_db, tmp_path, request):
+    """Demo agents, the scripted agent, and a gateway process, all registered for one
+    tenant. ``@pytest.mark.gateway_env(KEY=value)`` adds gateway settings."""
+    factories.namespace("default")
+    tenant = factories.tenant()
+    demo_agents, stop_demo = run_in_thread()
+    agent_port = free_port()
+    agent = start_scripted_agent(agent_port)
+    try:
+        for demo in demo_agents:
+            agent_register(tenant=tenant, spec=parse_json_descriptor(demo.descriptor))
+        for spec in scripted_spec(agent_port):
+            agent_register(tenant=tenant, spec=spec)
+        key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
+        marker = request.node.get_closest_marker("gateway_env")
+        extra = marker.kwargs if marker else {}
+        env = platform_env(tmp_path, DATABASE_URL=database_url(),
+                           REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS), **extra)
+        if settings.REDIS_URL:
+            env |= {"REDIS_URL": settings.REDIS_URL,
+                    "REACH_REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX}
+        port = free_port()
+        with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "gw.log") as base:
+            yield Gateway(base=base, key=key, tenant=tenant, agent_port=agent_port,
+                          procs=[agent])
+    finally:
+        stop(agent)
+        stop_demo()

@@ -1,0 +1,148 @@
+"""POST /v1/invoke and /v1/chat/completions through a real gateway to real agents."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+
+def invoke(gateway, capability, payload, **kw):
+    with gateway.client() as client:
+        return client.post("/v1/invoke", json={"capability": capability, "input": payload},
+                           **kw)
+
+
+def test_invoke_maps_parameters_and_unwraps_the_business_envelope(gateway):
+    response = invoke(gateway, "translate.text", {"text": "hello", "dest_lang": "zh"},
+                      headers={"X-Request-ID": "inv-1"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["request_id"] == "inv-1" and response.headers["x-request-id"] == "inv-1"
+    assert body["agent"] == "demo-translator" and body["capability"] == "translate.text"
+    assert body["reply_content"] == "你好"
+    assert body["output"]["message"] == "你好"
+    assert set(body["timings"]) == {"route_ms", "upstream_ms", "total_ms"}
+    assert set(body["usage"]) == {"input_tokens", "output_tokens", "cost"}
+
+
+def test_input_is_validated_before_forwarding(gateway):
+    response = invoke(gateway, "translate.text", {"text": "", "dest_lang": "ja", "tone": 1})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input" and error["retryable"] is False
+    assert set(error["details"]) == {"text", "$"}  # too short; an unknown property
+    # A language no instance translates into is a routing constraint, not bad input.
+    unsupported = invoke(gateway, "translate.text", {"text": "hi", "dest_lang": "fr"})
+    assert unsupported.status_code == 404
+    assert unsupported.json()["error"]["code"] == "no_capability"
+
+
+def test_the_official_openai_sdk_gets_a_completion_and_a_stream(gateway):
+    client = openai.OpenAI(base_url=f"{gateway.base}/v1", api_key=gateway.key, max_retries=0)
+    completion = client.chat.completions.create(
+        model="demo-chat", messages=[{"role": "user", "content": "hello there"}])
+    assert "hello there" in completion.choices[0].message.content
+    assert completion.usage.completion_tokens > 0
+    chunks = client.chat.completions.create(
+        model="demo-chat", messages=[{"role": "user", "content": "stream me please"}],
+        stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "stream me please" in text
+
+
+def test_caller_and_hop_by_hop_headers_never_reach_the_agent(gateway):
+    response = invoke(gateway, "echo.all", {"x": 1}, headers={
+        "X-Reach-Tenant": "someone-else", "X-Reach-Deadline-Ms": "4000",
+        "Proxy-Authorization": "Basic Zm9vOmJhcg==", "TE": "trailers",
+        "X-Forwarded-For": "10.9.9.9", "Cookie": "session=abc", "Upgrade": "h2c",
+    })
+    assert response.status_code == 200, response.text
+    seen = {k.lower(): v for k, v in response.json()["output"]["headers"].items()}
+    assert seen["x-reach-tenant"] == gateway.tenant.slug
+    assert int(seen["x-reach-deadline-ms"]) < 4000
+    for name in ("proxy-authorization", "te", "x-forwarded-for", "cookie", "upgrade"):
+        assert name not in seen
+    assert all(gateway.key not in value for value in seen.values())
+    assert "authorization" not in seen  # the caller's key stays with the gateway
+
+
+def test_a_crlf_injection_never_reaches_the_agent(gateway):
+    host, port = gateway.base.removeprefix("http://").split(":")
+    body = b'{"capability": "echo.all", "input": {"x": 2}}'
+    raw = (b"POST /v1/invoke HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + gateway.key.encode()
+           + b"\r\nX-Note: a\r\nX-Injected: 1\r\n\r\nContent-Type: application/json\r\n"
+           + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(raw)
+        reply = sock.recv(65536)
+    assert b"X-Injected" not in reply
+    echoed = [s for s in gateway.seen() if s["path"] == "/echo"]
+    assert echoed == []  # the smuggled request body never became a call
+
+
+def test_an_output_schema_violation_is_refused_and_counted(gateway):
+    response = invoke(gateway, "bad.op", {})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_bad_response"
+    metrics = httpx.get(f"{gateway.base}/metrics").text
+    assert 'reach_upstream_bad_responses_total{capability="bad.op"} 1.0' in metrics
+
+
+def test_redirects_from_agents_are_not_followed(gateway):
+    response = invoke(gateway, "redirect.op", {})
+    assert response.status_code == 502
+    assert "redirect" in response.json()["error"]["message"]
+
+
+def test_the_caller_budget_caps_the_call_and_is_passed_downstream(gateway):
+    started = time.monotonic()
+    response = invoke(gateway, "slow.op", {}, headers={"X-Reach-Deadline-Ms": "500"})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "deadline_exceeded"
+    assert elapsed < 0.75, elapsed
+    [seen] = [s for s in gateway.seen() if s["path"] == "/slow"]
+    assert 0 < int(seen["deadline"]) < 500
+
+
+def test_an_agent_killed_mid_stream_ends_with_an_error_event(gateway):
+    with gateway.client() as client, client.stream("POST", "/v1/invoke", json={
+        "capability": "chat.scripted", "stream": True,
+        "input": {"text": "die after 3 one two three four five"},
+    }) as response:
+        assert response.status_code == 200
+        raw = b"".join(response.iter_bytes()).decode()
+    events = [e for e in raw.split("\n\n") if e.strip()]
+    contents = [e for e in events if e.startswith("data:") and "chat.completion.chunk" in e]
+    assert len(contents) == 3
+    assert events[-1].startswith("event: error")
+    assert '"code":"upstream_error"' in events[-1]
+    assert "[DONE]" not in raw
+
+
+def test_limits_on_body_and_headers(gateway):
+    with gateway.client() as client:
+        big = client.post("/v1/invoke", content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+                          headers={"Content-Type": "application/json"})
+        assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+        fat = client.post("/v1/invoke", json={}, headers={"X-Fat": "x" * 20_000})
+        assert fat.status_code in (431, 400)
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [(b"{not json", "malformed_json"), (b"[1, 2]", "invalid_input"),
+     (b'{"capability": "echo.all", "input": "text"}', "invalid_input"),
+     (b'{"capability": "nobody.has.it", "input": {}}', "no_capability"),
+     (b'{"capability": "echo.all", "intent": "x", "input": {}}', "invalid_input")],
+)
+def test_bad_requests_get_structured_errors(gateway, body, code):
+    with gateway.client() as client:
+        response = client.post("/v1/invoke", content=body,
+                               headers={"Content-Type": "application/json"})
+    assert response.json()["error"]["code"] == code
+    assert response.status_code in (400, 404)
