@@ -60,3 +60,17 @@ def credential(*, tenant: Tenant, agent: Agent, secret: str, **kw) -> Credential
     fields = {"kind": CredentialKind.HEADER, "field_name": "X-Api-Token", **kw}
     row = Credential(tenant=tenant, agent=agent, **fields)
     return credential_save(credential=row, secret=secret)
+
+
+def seed_defaults() -> None:
+    """What the migrations seed (namespace, synonym table, version counter).
+
+    ``transactional_db`` tests flush every table afterwards, seeds included.
+    """
+    import importlib
+
+    from django.apps import apps
+
+    namespace("default")
+    seed = importlib.import_module("registry.migrations.0005_seed_synonyms_and_version")
+    seed.seed(apps, None)

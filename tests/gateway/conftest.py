@@ -81,7 +81,7 @@ def scripted_spec(port: int) -> list[AgentSpec]:
 def gateway(transactional_db, tmp_path, request):
     """Demo agents, the scripted agent, and a gateway process, all registered for one
     tenant. ``@pytest.mark.gateway_env(KEY=value)`` adds gateway settings."""
-    factories.namespace("default")
+    factories.seed_defaults()
     tenant = factories.tenant()
     demo_agents, stop_demo = run_in_thread()
     agent_port = free_port()

@@ -22,7 +22,7 @@ def _database_url() -> str:
 
 @pytest.fixture
 def gateway(transactional_db, tmp_path):
-    factories.namespace("default")
+    factories.seed_defaults()
     tenant = factories.tenant()
     other = factories.tenant()
     for name, port, cap, desc in [

@@ -47,8 +47,7 @@ def _wait_for(predicate, timeout: float = 20.0):
 
 @pytest.fixture
 def registration_key(transactional_db):
-    # transactional_db flushes what the migrations seeded; the agent needs its namespace.
-    factories.namespace("default")
+    factories.seed_defaults()
     tenant = factories.tenant()
     return factories.api_key(tenant=tenant, scopes=[ApiKeyScope.REGISTER]).plaintext
 

@@ -150,7 +150,7 @@ def test_a_separate_process_follows_changes_and_survives_postgres_going_away(
         REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
         REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
     )
-    factories.namespace("default")
+    factories.seed_defaults()
     tenant = factories.tenant()
     snapshot = tmp_path / "routes.json"
     watcher = Watcher(snapshot, env)
