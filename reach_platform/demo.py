@@ -58,3 +58,31 @@ def demo_setup() -> DemoAccess:
         tenant=tenant, admin_username=ADMIN_USERNAME, admin_password=password,
         api_key=issued.plaintext,
     )
+
+
+def demo_agents_register(*, tenant: Tenant, agents) -> list[int]:
+    """Register the demo agents (``agent_reach.demo_agents``) for ``tenant``; returns their
+    instance pks. Their ports change on every start, so earlier instances are dropped."""
+    from registry.descriptors import parse_json_descriptor
+    from registry.models import Instance
+    from registry.services import agent_register
+
+    instances = []
+    for agent in agents:
+        spec = parse_json_descriptor(agent.descriptor)
+        Instance.objects.filter(agent__namespace__name=spec.namespace,
+                                agent__name=spec.name).exclude(
+            endpoint=spec.endpoint).delete()
+        registration = agent_register(tenant=tenant, spec=spec)
+        instances.append(registration.instance.pk)
+    return instances
+
+
+def demo_heartbeat(instance_pks: list[int]) -> None:
+    """Keep the demo agents' leases: they run inside the platform's own process."""
+    from registry.health import Load
+    from registry.models import Instance
+    from registry.services import Heartbeat, instance_heartbeat
+
+    for instance in Instance.objects.select_related("agent").filter(pk__in=instance_pks):
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()))

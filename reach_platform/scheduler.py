@@ -25,6 +25,8 @@ class InProcessScheduler:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        if not self._jobs:
+            return
         due = {name: time.monotonic() for name in self._jobs}
         while not self._stop.is_set():
             now = time.monotonic()
@@ -41,11 +43,12 @@ class InProcessScheduler:
             self._stop.wait(max(0.05, min(due.values()) - time.monotonic()))
 
 
-def default_scheduler() -> InProcessScheduler:
+def registry_jobs() -> dict[str, tuple[float, callable]]:
+    """Celery beat's registry jobs, as ``{name: (period, function)}``."""
     from reach_platform.celery import PERIODIC
     from registry.probe import instances_probe
     from registry.services import instances_sweep
 
     functions = {"registry.sweep_leases": instances_sweep,
                  "registry.probe_instances": instances_probe}
-    return InProcessScheduler({name: (PERIODIC[name], functions[name]) for name in PERIODIC})
+    return {name: (PERIODIC[name], functions[name]) for name in PERIODIC}

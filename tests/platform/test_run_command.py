@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,3 +84,28 @@ def test_generated_secrets_stay_private_and_out_of_the_output(first_run):
         path = data_dir / name
         assert path.stat().st_mode & 0o777 == 0o600
         assert path.read_text().strip() not in output
+
+
+def _readme_block(heading_text: str) -> str:
+    """The first ```bash block after ``heading_text`` in the README."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    after = readme[readme.index(heading_text):]
+    return after.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_gateway_examples_work_verbatim(first_run):
+    base, output, _ = first_run
+    key = _printed(output, r"API key for tenant 'demo': (rk_\S+)")
+    script = _readme_block("Call them\nthrough the gateway")
+    assert "127.0.0.1:8000" in script
+    script = script.replace("127.0.0.1:8000", base.removeprefix("http://"))
+    script = script.replace("export KEY=rk_...", f"export KEY={key}")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True,
+                            text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+                            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:"
+                                 + os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert '"reply_content":"おはようございます"' in out  # the invoke example
+    assert out.count("chat.completion.chunk") > 3 and "data: [DONE]" in out  # streamed
+    assert "You said: Hi!" in out  # the openai SDK example

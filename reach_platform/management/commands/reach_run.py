@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from reach_platform.demo import demo_setup
+from reach_platform.demo import demo_agents_register, demo_heartbeat, demo_setup
 
 
 class Command(BaseCommand):
@@ -31,28 +31,37 @@ class Command(BaseCommand):
             f"  API docs: {base}/api/docs/",
             f"  gateway:  {base}/v1/",
         ]
+        jobs = {}
+        stop_agents = None
         if not no_demo:
+            from agent_reach.demo_agents import run_in_thread
+
             access = demo_setup()
+            agents, stop_agents = run_in_thread(host)
+            instances = demo_agents_register(tenant=access.tenant, agents=agents)
+            jobs["demo.heartbeat"] = (10.0, lambda: demo_heartbeat(instances))
             lines += [
                 f"  admin login: {access.admin_username} / {access.admin_password}",
                 f"  API key for tenant '{access.tenant.slug}': {access.api_key}",
                 "  (both are new on every start; earlier demo keys are revoked)",
+                *(f"  demo agent {a.name} on {a.base_url}" for a in agents),
             ]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
-        scheduler = None
+        from reach_platform.scheduler import InProcessScheduler, registry_jobs
+
         if not settings.REDIS_URL:
             # Embedded mode: lease sweeps and probes run here; in production
             # Celery beat runs the same jobs (reach_platform.celery).
-            from reach_platform.scheduler import default_scheduler
-
-            scheduler = default_scheduler()
-            scheduler.start()
+            jobs |= registry_jobs()
+        scheduler = InProcessScheduler(jobs)
+        scheduler.start()
         try:
             uvicorn.run(
                 "reach_platform.asgi:application", host=host, port=port, log_level="info",
                 lifespan="off", proxy_headers=False,
             )
         finally:
-            if scheduler is not None:
-                scheduler.stop()
+            scheduler.stop()
+            if stop_agents is not None:
+                stop_agents()
