@@ -123,8 +123,7 @@ class GatewayApp:
             await send_json(send, 500, error.body(request_id), request_id)
         finally:
             if endpoint != "metrics":
-                CALLS.labels(endpoint, outcome).inc()
-                LATENCY.labels(outcome).observe(time.monotonic() - started)
+                count_call(endpoint, outcome, time.monotonic() - started)
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -374,6 +373,19 @@ class GatewayApp:
             tokens_in, tokens_out = usage.totals()
             self.emit_usage(ctx, upstream.candidate, outcome, tokens_in, tokens_out)
             CALLS.labels("stream", outcome).inc()
+
+
+_CHILDREN: dict[tuple[str, str], tuple] = {}
+
+
+def count_call(endpoint: str, outcome: str, seconds: float) -> None:
+    """Count a call; the labelled children are looked up once, not on every call."""
+    children = _CHILDREN.get((endpoint, outcome))
+    if children is None:
+        children = _CHILDREN[(endpoint, outcome)] = (CALLS.labels(endpoint, outcome),
+                                                     LATENCY.labels(outcome))
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def cost(candidate: Candidate | None, input_tokens: int, output_tokens: int) -> float:

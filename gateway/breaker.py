@@ -28,6 +28,7 @@ class BreakerState(StrEnum):
 
 @dataclass(slots=True)
 class _Breaker:
+    pk: int
     state: BreakerState = BreakerState.CLOSED
     # [second, ok_count, fail_count], oldest first; at most one bucket per second.
     buckets: deque[list[int]] = field(default_factory=deque)
@@ -64,6 +65,10 @@ class CircuitBreakers:
         self._clock = clock
         self._lock = threading.Lock()
         self._breakers: dict[int, _Breaker] = {}
+        # The router asks on every call: it looks only at breakers that are not
+        # closed, and idle closed breakers are swept at most once a second.
+        self._not_closed: set[int] = set()
+        self._last_sweep = float("-inf")
 
     def allow(self, instance_pk: int) -> bool:
         """True if a call may go to the instance; in HALF_OPEN a True makes it the probe."""
@@ -88,7 +93,7 @@ class CircuitBreakers:
         """
         now = self._clock()
         with self._lock:
-            b = self._breakers.setdefault(instance_pk, _Breaker())
+            b = self._breakers.setdefault(instance_pk, _Breaker(instance_pk))
             self._advance(b, now)
             if b.state is BreakerState.HALF_OPEN:
                 if b.probe_started_at is None:
@@ -131,13 +136,18 @@ class CircuitBreakers:
         """
         now = self._clock()
         with self._lock:
-            self._sweep(now)
-            return frozenset(
-                pk
-                for pk, b in self._breakers.items()
-                if b.state is BreakerState.OPEN
-                or (b.state is BreakerState.HALF_OPEN and self._probe_in_flight(b, now))
-            )
+            if now - self._last_sweep >= 1.0:
+                self._sweep(now)
+                self._last_sweep = now
+            out = []
+            for pk in self._not_closed:
+                b = self._breakers[pk]
+                self._advance(b, now)
+                if b.state is BreakerState.OPEN or (
+                    b.state is BreakerState.HALF_OPEN and self._probe_in_flight(b, now)
+                ):
+                    out.append(pk)
+            return frozenset(out)
 
     def states(self) -> dict[int, BreakerState]:
         """Every instance whose breaker is not CLOSED, for metrics."""
@@ -170,6 +180,7 @@ class CircuitBreakers:
             b.fail -= fail
 
     def _open(self, b: _Breaker, now: float) -> None:
+        self._not_closed.add(b.pk)
         b.state = BreakerState.OPEN
         b.opened_at = now
         b.probe_started_at = None
@@ -178,6 +189,7 @@ class CircuitBreakers:
         b.ok = b.fail = 0
 
     def _close(self, b: _Breaker) -> None:
+        self._not_closed.discard(b.pk)
         b.state = BreakerState.CLOSED
         b.probe_started_at = None
         b.buckets.clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from registry.endpoints import EndpointPolicy
 
@@ -38,8 +39,14 @@ class GatewayConfig:
     def is_internal(self, address: str | None) -> bool:
         if not address:
             return False
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in net for net in self.internal_networks)
+        return _in_networks(address, self.internal_networks)
+
+
+@lru_cache(maxsize=4096)
+def _in_networks(address: str, networks: tuple) -> bool:
+    # Callers come from few addresses; parsing one per call showed in profiles.
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)

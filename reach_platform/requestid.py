@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
+import os
 import re
-import uuid
 
 HEADER = "X-Request-ID"
 
@@ -15,8 +16,16 @@ _ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 current: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
 
+_PROCESS = os.urandom(10).hex()
+_COUNTER = itertools.count(1)
+
+
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """Unique without a syscall per call: 80 random bits per process, then a counter.
+
+    32 hex characters, the shape of a uuid4 hex id. Not a secret and not meant to
+    be unguessable: it names a request in logs and headers."""
+    return f"{_PROCESS}{next(_COUNTER) & 0xFFFFFFFFFFFF:012x}"
 
 
 def accept_or_new(candidate: str | None) -> str:

@@ -422,6 +422,13 @@ class Router:
             return Decision(capability=capability_id, chosen=None, dropped=tuple(dropped),
                             matches=tuple(matches), error=error)
 
+        if pick and len(kept) == 1 and request.cost_preference != "cheapest":
+            # One candidate: nothing to rank or balance.
+            only = kept[0]
+            weight = self._weights(kept)[0]
+            return Decision(capability=capability_id,
+                            chosen=self._candidate(only, weight, match_score),
+                            matches=tuple(matches))
         weights = self._weights(kept)
         tier = min(r.agent.priority for r in kept)
         pool = [i for i, r in enumerate(kept) if r.agent.priority == tier]

@@ -1,0 +1,222 @@
+"""Gateway overhead: the same mock agent called directly and through one gateway process.
+
+    .venv/bin/python bench/gateway_overhead.py [--duration 5]
+
+Starts a mock agent (a raw ASGI app on uvicorn: ``POST /echo`` answers JSON,
+``POST /stream`` answers four SSE events) and the platform's ASGI app on
+uvicorn, one process, embedded mode (SQLite control plane, in-process bus),
+with the mock agent registered and a tenant key. Every gateway call goes
+through authentication (prefix + SHA-256 compare), routing (filters, scores,
+smooth weighted round robin), input validation, the adapter, the breaker and
+a usage event: nothing is switched off.
+
+wrk (``apt-get install wrk``) drives ``POST /echo`` directly and ``POST
+/v1/invoke`` through the gateway at concurrency 1 and 32; a Python client
+measures SSE time to first event, direct vs gateway, interleaved. All traffic
+stays on 127.0.0.1; every run is bounded by ``--duration``. Prints figures,
+asserts nothing.
+
+Last line: ``gateway c1_added_p50_ms=<x> c32_ratio=<x> sse_ttfb_added_p50_ms=<x>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from upstream_clients import free_port, parse_wrk  # noqa: E402
+
+HOST = "127.0.0.1"
+ECHO = b'{"reply":"hello from the mock agent","tokens":{"in":3,"out":5}}'
+SSE = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
+               for i in range(4)) + b"data: [DONE]\n\n"
+
+
+async def agent_app(scope, receive, send) -> None:
+    """The mock agent: as cheap as an HTTP server gets, so the gateway's cost shows."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": SSE})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(ECHO)).encode())]})
+    await send({"type": "http.response.body", "body": ECHO})
+
+
+def wait_port(port: int, proc: subprocess.Popen, name: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with {proc.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex((HOST, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"{name} did not start")
+
+
+def lua(path: str, body: str, key: str | None) -> Path:
+    headers = 'wrk.headers["Content-Type"] = "application/json"\n'
+    if key:
+        headers += f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+    script = Path(tempfile.mkstemp(suffix=".lua")[1])
+    script.write_text(f'wrk.method = "POST"\nwrk.path = "{path}"\n{headers}'
+                      f"wrk.body = [[{body}]]\n")
+    return script
+
+
+def run_wrk(script: Path, port: int, threads: int, connections: int, duration: int) -> str:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is needed: apt-get install -y wrk")
+    return subprocess.run(
+        [wrk, f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s",
+         str(script), f"http://{HOST}:{port}/"],
+        capture_output=True, text=True, timeout=duration + 30, check=False,
+    ).stdout
+
+
+def first_event_ms(port: int, path: str, body: bytes, key: str | None) -> float:
+    """Milliseconds from sending the request to receiving the first SSE ``data:`` bytes."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n")
+    if key:
+        head += f"Authorization: Bearer {key}\r\n"
+    request = head.encode() + b"\r\n" + body
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        started = time.perf_counter()
+        sock.sendall(request)
+        seen = b""
+        while b"data:" not in seen:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"no SSE event from {path}: {seen[:200]!r}")
+            seen += chunk
+        return (time.perf_counter() - started) * 1000
+
+
+def setup_platform(env: dict, agent_port: int) -> str:
+    """Migrate, register the mock agent, and return an invoke key (in this process)."""
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
+                   check=True)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from registry.services import agent_register
+    from registry.spec import AgentSpec, CapabilitySpec
+    from tenants.choices import ApiKeyScope
+    from tenants.models import Tenant
+    from tenants.services import api_key_create
+
+    tenant = Tenant.objects.create(slug="bench", name="Bench")
+    endpoint = f"http://{HOST}:{agent_port}/"
+    agent_register(tenant=tenant, spec=AgentSpec(name="bench-echo", endpoint=endpoint,
+                   capabilities=(CapabilitySpec(capability_id="bench.echo", path="/echo"),)))
+    agent_register(tenant=tenant, spec=AgentSpec(
+        name="bench-stream", protocol="openai", endpoint=endpoint,
+        capabilities=(CapabilitySpec(capability_id="bench.stream", path="/stream",
+                                     kind="stream"),)))
+    return api_key_create(tenant=tenant, name="bench", scopes=[ApiKeyScope.INVOKE]).plaintext
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--duration", type=int, default=5)
+    parser.add_argument("--sse-samples", type=int, default=300)
+    args = parser.parse_args()
+
+    from cryptography.fernet import Fernet
+
+    data_dir = Path(tempfile.mkdtemp(prefix="reach-gw-bench-"))
+    env = {
+        **os.environ, "DJANGO_SETTINGS_MODULE": "reach_platform.settings",
+        "REACH_DATA_DIR": str(data_dir), "REACH_SECRET_KEY": "bench-" + uuid.uuid4().hex,
+        "REACH_CREDENTIAL_KEYS": Fernet.generate_key().decode(), "REACH_LOG_LEVEL": "WARNING",
+    }
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        env.pop(name, None)
+    agent_port, gateway_port = free_port(), free_port()
+    # The run command's server settings: behind a balancer, no proxy-header rewriting.
+    uvicorn = [sys.executable, "-m", "uvicorn", "--host", HOST, "--log-level", "warning",
+               "--no-access-log", "--no-proxy-headers", "--no-server-header"]
+    agent = subprocess.Popen([*uvicorn, "--port", str(agent_port), "gateway_overhead:agent_app"],
+                             cwd=ROOT / "bench", env=env)
+    gateway = None
+    try:
+        wait_port(agent_port, agent, "mock agent")
+        key = setup_platform(env, agent_port)
+        gateway = subprocess.Popen([*uvicorn, "--port", str(gateway_port),
+                                    "reach_platform.asgi:application"], cwd=ROOT, env=env)
+        wait_port(gateway_port, gateway, "gateway")
+
+        direct = lua("/echo", '{"text":"hello agent"}', None)
+        through = lua("/v1/invoke",
+                      '{"capability":"bench.echo","input":{"text":"hello agent"}}', key)
+        import httpx
+
+        check = httpx.post(f"http://{HOST}:{gateway_port}/v1/invoke",
+                           json={"capability": "bench.echo", "input": {"text": "x"}},
+                           headers={"Authorization": f"Bearer {key}"})
+        if check.status_code != 200:
+            raise SystemExit(f"the gateway does not answer the bench call: {check.text}")
+
+        results = {}
+        for name, script, port in (("direct", direct, agent_port),
+                                   ("gateway", through, gateway_port)):
+            run_wrk(script, port, 2, 32, 1)  # warm-up: pools, caches, JIT-free but warm
+            for threads, connections in ((1, 1), (2, 32)):
+                out = run_wrk(script, port, threads, connections, args.duration)
+                results[(name, connections)] = parse_wrk(name, connections, out)
+
+        print(f"{'target':8} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'errors':>6} {'ratio':>6}")
+        for (name, connections), r in results.items():
+            ratio = r.rps / results[("direct", connections)].rps
+            print(f"{name:8} {connections:>4} {r.rps:>9.0f} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} "
+                  f"{r.errors:>6} {ratio:>6.3f}")
+        c1_added = results[("gateway", 1)].p50_ms - results[("direct", 1)].p50_ms
+        c32_ratio = results[("gateway", 32)].rps / results[("direct", 32)].rps
+
+        direct_ttfb, gateway_ttfb = [], []
+        stream_body = b'{"capability":"bench.stream","stream":true,"input":{"text":"hi"}}'
+        for _ in range(args.sse_samples):
+            direct_ttfb.append(first_event_ms(agent_port, "/stream", b"{}", None))
+            gateway_ttfb.append(first_event_ms(gateway_port, "/v1/invoke", stream_body, key))
+        sse_added = statistics.median(gateway_ttfb) - statistics.median(direct_ttfb)
+        print(f"SSE first event: direct p50 {statistics.median(direct_ttfb):.3f} ms, gateway "
+              f"p50 {statistics.median(gateway_ttfb):.3f} ms ({args.sse_samples} each, "
+              "new connection per request)")
+        print(f"gateway c1_added_p50_ms={c1_added:.3f} c32_ratio={c32_ratio:.3f} "
+              f"sse_ttfb_added_p50_ms={sse_added:.3f}")
+    finally:
+        for proc in (gateway, agent):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+if __name__ == "__main__":
+    main()
