@@ -32,7 +32,7 @@ from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.errors import GatewayError
-from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
+from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION, TOKENS
 from gateway.sse import EventFramer, StreamUsage, data_of, error_event
 from gateway.usage import UsageQueue
 from reach_platform import requestid
@@ -40,6 +40,7 @@ from routing.router import Candidate, Router, RouteRequest
 from routing.table import RouteTable
 
 logger = logging.getLogger(__name__)
+TOKENS_IN, TOKENS_OUT = TOKENS.labels("input"), TOKENS.labels("output")
 
 
 def header(scope, name: bytes) -> str | None:
@@ -286,6 +287,8 @@ class GatewayApp:
 
     def emit_usage(self, ctx: CallContext, candidate: Candidate | None, outcome: str,
                    input_tokens: int = 0, output_tokens: int = 0) -> None:
+        TOKENS_IN.inc(input_tokens)
+        TOKENS_OUT.inc(output_tokens)
         self.usage.emit({
             "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
             "agent": candidate.agent.pk if candidate else None,

@@ -38,6 +38,7 @@ gateway_application = GatewayApp(
         policy=endpoint_policy(),
         credential_keys=tuple(settings.CREDENTIAL_KEYS),
         max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
+        stream_idle_timeout_s=settings.GATEWAY_STREAM_IDLE_S,
         internal_networks=settings.GATEWAY_INTERNAL_NETWORKS,
     ),
     breakers=CircuitBreakers(

@@ -29,7 +29,8 @@ SEEN: list[dict] = []
 async def echo(request: web.Request) -> web.Response:
     SEEN.append({"path": request.path, "deadline": request.headers.get("X-Reach-Deadline-Ms")})
     body = await request.json()
-    return web.json_response({"echo": body, "headers": dict(request.headers)})
+    return web.json_response({"echo": body, "headers": dict(request.headers),
+                              "query": dict(request.query)})
 
 
 async def slow(request: web.Request) -> web.Response:
@@ -52,6 +53,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     text = body["messages"][-1]["content"]
     words = text.split()
     die_after = int(words[2]) if text.startswith("die after") else None
+    stall_after = int(words[2]) if text.startswith("stall after") else None
+    delay = 0.05 if text.startswith("slowly") else 0.01
     if not body.get("stream"):
         return web.json_response({
             "id": "c1", "object": "chat.completion", "created": int(time.time()),
@@ -63,15 +66,25 @@ async def chat(request: web.Request) -> web.StreamResponse:
         })
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    for index, word in enumerate(words):
-        if die_after is not None and index == die_after:
-            os.kill(os.getpid(), signal.SIGKILL)
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0,
-                 "model": body.get("model"),
-                 "choices": [{"index": 0, "delta": {"content": word + " "},
-                              "finish_reason": None}]}
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await asyncio.sleep(0.01)
+    try:
+        for index, word in enumerate(words):
+            if die_after is not None and index == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if stall_after is not None and index == stall_after:
+                await asyncio.sleep(30)
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0,
+                     "model": body.get("model"),
+                     "choices": [{"index": 0, "delta": {"content": word + " "},
+                                  "finish_reason": None}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(delay)
+        usage = {"prompt_tokens": 2, "completion_tokens": len(words),
+                 "total_tokens": 2 + len(words)}
+        await response.write(f'data: {{"choices": [], "usage": {json.dumps(usage)}}}\n\n'.encode())
+    except (ConnectionResetError, asyncio.CancelledError):
+        # The gateway dropped the connection: its caller went away.
+        SEEN.append({"path": request.path, "cancelled_at_word": index})
+        raise
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

@@ -1,0 +1,91 @@
+"""Streams through a real gateway: idle timeouts, client disconnects, usage, credentials."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+from tests import factories
+
+
+def _tokens(gateway, direction: str) -> float:
+    text = httpx.get(f"{gateway.base}/metrics").text
+    match = re.search(rf'reach_tokens_total{{direction="{direction}"}} ([0-9.e+]+)', text)
+    return float(match.group(1)) if match else 0.0
+
+
+def stream_events(gateway, text: str) -> list[str]:
+    with gateway.client() as client, client.stream("POST", "/v1/invoke", json={
+        "capability": "chat.scripted", "stream": True, "input": {"text": text},
+    }) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(response.iter_bytes()).decode()
+    return [e for e in raw.split("\n\n") if e.strip()]
+
+
+def test_a_stream_is_relayed_event_by_event_and_its_usage_counted(gateway):
+    before = _tokens(gateway, "output")
+    events = stream_events(gateway, "one two three four five six")
+    chunks = [e for e in events if "chat.completion.chunk" in e]
+    assert len(chunks) == 6 and events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: {") or e == "data: [DONE]" or '"usage"' in e
+               for e in events)
+    deadline = time.monotonic() + 5
+    while _tokens(gateway, "output") < before + 6:  # metered after the stream closes
+        assert time.monotonic() < deadline, "the stream's tokens were never counted"
+        time.sleep(0.05)
+
+
+@pytest.mark.gateway_env(REACH_GATEWAY_STREAM_IDLE_S="0.5")
+def test_an_idle_stream_ends_with_an_error_event_not_a_fake_done(gateway):
+    started = time.monotonic()
+    events = stream_events(gateway, "stall after 2 words then nothing")
+    assert time.monotonic() - started < 5
+    assert len([e for e in events if "chat.completion.chunk" in e]) == 2
+    assert events[-1].startswith("event: error") and "upstream_timeout" in events[-1]
+    assert not any("[DONE]" in e for e in events)
+
+
+def test_a_client_that_goes_away_cancels_the_upstream_call(gateway):
+    words = " ".join(f"w{i}" for i in range(200))  # 200 words, 50 ms apart: 10 s
+    with gateway.client() as client, client.stream("POST", "/v1/invoke", json={
+        "capability": "chat.scripted", "stream": True, "input": {"text": f"slowly {words}"},
+    }) as response:
+        for chunk in response.iter_raw():
+            if b"chat.completion.chunk" in chunk:
+                break  # leave after the first event: the context closes the connection
+    deadline = time.monotonic() + 5
+    while not [s for s in gateway.seen() if "cancelled_at_word" in s]:
+        assert time.monotonic() < deadline, "the agent kept streaming to nobody"
+        time.sleep(0.05)
+    [cancelled] = [s for s in gateway.seen() if "cancelled_at_word" in s]
+    assert cancelled["cancelled_at_word"] < 100
+
+
+def test_credentials_are_injected_after_routing_and_never_the_callers_key(gateway):
+    from registry.models import Agent
+
+    agent = Agent.objects.get(name="scripted")
+    factories.credential(tenant=gateway.tenant, agent=agent, secret="header-secret-1",
+                         kind="header", field_name="X-Api-Token")
+    factories.credential(tenant=gateway.tenant, agent=agent, secret="query-secret-2",
+                         kind="query", field_name="api_key")
+    deadline = time.monotonic() + 15
+    with gateway.client() as client:
+        while True:  # the gateway learns of the new credentials from the route table
+            response = client.post("/v1/invoke", json={"capability": "echo.all",
+                                                       "input": {"x": 1}})
+            output = response.json()["output"]
+            headers = {k.lower(): v for k, v in output["headers"].items()}
+            if headers.get("x-api-token"):
+                break
+            assert time.monotonic() < deadline, "credentials never reached the gateway"
+            time.sleep(0.2)
+    assert headers["x-api-token"] == "header-secret-1"
+    assert output["query"] == {"api_key": "query-secret-2"}
+    assert gateway.key not in str(output)
+    assert "header-secret-1" not in response.headers.get("x-request-id", "")
