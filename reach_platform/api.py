@@ -42,20 +42,16 @@ class TenantScopedViewSet(_TenantScoped, viewsets.ModelViewSet):
         return instance
 
     @transaction.atomic
-    def perform_create(self, serializer):
+    def _write(self, serializer, action: AuditAction) -> None:
         instance = self._saved_and_checked(serializer)
-        audit_record(
-            principal=self.principal, source=AuditSource.API, action=AuditAction.CREATE,
-            obj=instance, changes=dict(serializer.validated_data),
-        )
+        audit_record(principal=self.principal, source=AuditSource.API, action=action,
+                     obj=instance, changes=dict(serializer.validated_data))
 
-    @transaction.atomic
+    def perform_create(self, serializer):
+        self._write(serializer, AuditAction.CREATE)
+
     def perform_update(self, serializer):
-        instance = self._saved_and_checked(serializer)
-        audit_record(
-            principal=self.principal, source=AuditSource.API, action=AuditAction.UPDATE,
-            obj=instance, changes=dict(serializer.validated_data),
-        )
+        self._write(serializer, AuditAction.UPDATE)
 
     @transaction.atomic
     def perform_destroy(self, instance):

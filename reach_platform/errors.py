@@ -118,46 +118,32 @@ def _wants_html(request: HttpRequest) -> bool:
     return request.path.startswith("/admin/")
 
 
-def page_not_found(request: HttpRequest, exception=None):
-    if _wants_html(request):
-        from django.views.defaults import page_not_found as html_404
+def _error_view(html_view: str, *, code: str, message: str, http_status: int):
+    """A handler400/403/404/500: Django's HTML page for the admin, our JSON elsewhere."""
 
-        return html_404(request, exception)
-    return _json_error(
-        request, code="not_found", message=f"No such path: {request.path}",
-        http_status=status.HTTP_404_NOT_FOUND,
-    )
+    def view(request: HttpRequest, exception=None):
+        if _wants_html(request):
+            from django.views import defaults
 
+            html = getattr(defaults, html_view)
+            return html(request) if html_view == "server_error" else html(request, exception)
+        text = message.format(path=request.path)
+        return _json_error(request, code=code, message=text, http_status=http_status)
 
-def server_error(request: HttpRequest):
-    if _wants_html(request):
-        from django.views.defaults import server_error as html_500
-
-        return html_500(request)
-    return _json_error(
-        request, code="internal_error",
-        message="The server failed to handle this request; it has been logged.",
-        http_status=status.HTTP_500_INTERNAL_SERVER_ERROR,
-    )
+    view.__name__ = html_view
+    return view
 
 
-def bad_request(request: HttpRequest, exception=None):
-    if _wants_html(request):
-        from django.views.defaults import bad_request as html_400
-
-        return html_400(request, exception)
-    return _json_error(
-        request, code="bad_request", message="The request could not be understood.",
-        http_status=status.HTTP_400_BAD_REQUEST,
-    )
-
-
-def permission_denied(request: HttpRequest, exception=None):
-    if _wants_html(request):
-        from django.views.defaults import permission_denied as html_403
-
-        return html_403(request, exception)
-    return _json_error(
-        request, code="forbidden", message="You may not do this.",
-        http_status=status.HTTP_403_FORBIDDEN,
-    )
+page_not_found = _error_view("page_not_found", code="not_found", message="No such path: {path}",
+                             http_status=status.HTTP_404_NOT_FOUND)
+server_error = _error_view(
+    "server_error", code="internal_error",
+    message="The server failed to handle this request; it has been logged.",
+    http_status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+)
+bad_request = _error_view("bad_request", code="bad_request",
+                          message="The request could not be understood.",
+                          http_status=status.HTTP_400_BAD_REQUEST)
+permission_denied = _error_view("permission_denied", code="forbidden",
+                                message="You may not do this.",
+                                http_status=status.HTTP_403_FORBIDDEN)
