@@ -83,3 +83,73 @@ class UsageDaily(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.tenant_id}"
+
+
+class UsageHourly(models.Model):
+    """Per tenant x agent x capability x hour totals, rebuilt from ``UsageEvent``."""
+
+    tenant_path = "tenant_id"
+
+    hour = models.DateTimeField()
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="usage_hourly"
+    )
+    agent = models.ForeignKey(
+        "registry.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    capability = models.ForeignKey(
+        "registry.Capability", null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal(0))
+    latency_ms_total = models.PositiveBigIntegerField(default=0)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-hour"]
+        verbose_name = "hourly usage"
+        verbose_name_plural = "hourly usage"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["hour", "tenant", "agent", "capability"],
+                name="usage_hourly_unique", nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.tenant_id}"
+
+
+class BudgetAlert(models.Model):
+    """A tenant's monthly usage crossed a share (80 %) of a budget in a ``Quota``."""
+
+    tenant_path = "tenant_id"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE,
+                               related_name="budget_alerts")
+    quota = models.ForeignKey("tenants.Quota", null=True, blank=True,
+                              on_delete=models.SET_NULL, related_name="alerts")
+    month = models.DateField(help_text="First day of the month the budget is for.")
+    metric = models.CharField(max_length=16, choices=[("requests", "Requests"),
+                                                      ("tokens", "Tokens"), ("cost", "Cost")])
+    threshold = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.80"))
+    used = models.DecimalField(max_digits=18, decimal_places=6)
+    budget = models.DecimalField(max_digits=18, decimal_places=6)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["quota", "month", "metric", "threshold"],
+                                    name="budget_alert_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.metric} {self.used}/{self.budget} ({self.month:%Y-%m})"
