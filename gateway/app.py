@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway import chat
+from gateway import chat, idempotency
 from gateway.adapters import AgentResponse
 from gateway.auth import authenticate
 from gateway.breaker import BreakerState, CircuitBreakers
@@ -32,7 +32,15 @@ from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.errors import GatewayError
-from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION, TOKENS
+from gateway.metrics import (
+    BREAKERS,
+    CALLS,
+    IDEMPOTENT_REPLAYS,
+    LATENCY,
+    REGISTRY,
+    TABLE_VERSION,
+    TOKENS,
+)
 from gateway.sse import EventFramer, StreamUsage, data_of, error_event
 from gateway.usage import UsageQueue
 from reach_platform import requestid
@@ -51,21 +59,19 @@ def header(scope, name: bytes) -> str | None:
 
 
 async def send_json(send, status: int, body: dict, request_id: str) -> None:
-    payload = orjson.dumps(body)
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"x-request-id", request_id.encode())],
-    })
-    await send({"type": "http.response.body", "body": payload})
+    await send_bytes(send, status, orjson.dumps(body), request_id)
 
 
 class GatewayApp:
     def __init__(self, *, table: Callable[[], RouteTable], router: Router,
                  config: GatewayConfig, breakers: CircuitBreakers | None = None,
-                 usage: UsageQueue | None = None) -> None:
+                 usage: UsageQueue | None = None, idempotency_store=None) -> None:
         self._table = table
+        self.idempotency = idempotency_store or idempotency.MemoryStore()
+        # Coroutines to run for the process's lifetime (usage shipping), started with
+        # the first request: uvicorn may run without the lifespan protocol.
+        self.background: list = []
+        self._tasks: list[asyncio.Task] | None = None
         self.router = router
         self.config = config
         self.breakers = breakers or CircuitBreakers()
@@ -83,6 +89,8 @@ class GatewayApp:
             return
         if scope["type"] != "http":
             return
+        if self._tasks is None:
+            self._tasks = [asyncio.ensure_future(job()) for job in self.background]
         request_id = requestid.accept_or_new(header(scope, b"x-request-id"))
         path, method = scope["path"].rstrip("/"), scope["method"]
         started = time.monotonic()
@@ -161,15 +169,47 @@ class GatewayApp:
                 return b"".join(chunks)
 
     async def read_json(self, scope, receive) -> dict:
-        raw = await self.read_body(scope, receive)
+        return parse_json(await self.read_body(scope, receive))
+
+    async def idempotently(self, send, request_id: str, tenant_pk: int, idempotency_key: str,
+                           raw: bytes, run) -> None:
+        """Run ``run()`` (returning the reply dict) at most once per (tenant, key); replay
+        its stored response to duplicates. See ``gateway.idempotency``."""
+        if len(idempotency_key) > 255:
+            raise GatewayError("invalid_input", "Idempotency-Key is longer than 255 characters.")
+        store = self.idempotency
+        key, body_hash = idempotency.record_key(tenant_pk, idempotency_key), \
+            idempotency.fingerprint(raw)
+        outcome, stored = await store.claim(key, body_hash)
+        if outcome == idempotency.Outcome.BUSY:
+            outcome, stored = await idempotency.wait_for_first(store, key, body_hash, 30.0)
+        if outcome == idempotency.Outcome.MISMATCH:
+            raise GatewayError("idempotency_key_reused",
+                               "This Idempotency-Key was used with a different request body.")
+        if outcome == idempotency.Outcome.BUSY:
+            raise GatewayError("idempotency_in_progress",
+                               "A call with this Idempotency-Key is still running.")
+        if outcome == idempotency.Outcome.REPLAY:
+            IDEMPOTENT_REPLAYS.inc()
+            await send_bytes(send, stored.status, stored.body, request_id,
+                             extra=[(b"idempotent-replayed", b"true")])
+            return
         try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise GatewayError("malformed_json", f"Request body is not valid JSON: {exc}") \
-                from exc
-        if not isinstance(body, dict):
-            raise GatewayError("invalid_input", "Request body must be a JSON object.")
-        return body
+            reply = await run()
+        except GatewayError as error:
+            if error.kind.status >= 500:
+                await store.forget(key)  # nothing definite happened: let a retry run
+            else:
+                await store.finish(key, idempotency.Stored(
+                    error.kind.status, orjson.dumps(error.body(request_id))))
+            raise
+        except BaseException:
+            await store.forget(key)
+            raise
+        payload = orjson.dumps(reply)
+        await store.finish(key, idempotency.Stored(200, payload))
+        await send_bytes(send, 200, payload, request_id)
+
 
     async def _metrics(self, send) -> None:
         TABLE_VERSION.set(self._table().version)
@@ -230,7 +270,8 @@ class GatewayApp:
     async def invoke(self, scope, receive, send, request_id: str) -> None:
         table = self._table()
         key = authenticate(table, header(scope, b"authorization"))
-        body = await self.read_json(scope, receive)
+        raw = await self.read_body(scope, receive)
+        body = parse_json(raw)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise GatewayError("invalid_input", "'stream' must be true or false.")
@@ -252,19 +293,30 @@ class GatewayApp:
             namespace=header(scope, b"x-reach-namespace"),
             internal=self.config.is_internal((scope.get("client") or (None,))[0]),
         )
-        candidate, agent_payload, ctx = self.begin(scope, table, route, payload, request_id,
-                                                   key.tenant_pk)
-        route_ms = (time.monotonic() - ctx.started) * 1000
-        upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
-                                          stream=stream)
+        async def call() -> dict:
+            candidate, agent_payload, ctx = self.begin(scope, table, route, payload,
+                                                       request_id, key.tenant_pk)
+            route_ms = (time.monotonic() - ctx.started) * 1000
+            upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
+                                              stream=False)
+            reply = await self.caller.read(upstream, ctx)
+            self.emit_usage(ctx, upstream.candidate, "success", reply.input_tokens,
+                            reply.output_tokens)
+            return self.agent_response(upstream.candidate, reply, ctx, route_ms)
+
         if stream:
+            candidate, agent_payload, ctx = self.begin(scope, table, route, payload,
+                                                       request_id, key.tenant_pk)
+            upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
+                                              stream=True)
             await self.relay(scope, receive, send, upstream, ctx, openai_passthrough=True)
             return
-        reply = await self.caller.read(upstream, ctx)
-        body = self.agent_response(upstream.candidate, reply, ctx, route_ms)
-        self.emit_usage(ctx, upstream.candidate, "success", reply.input_tokens,
-                        reply.output_tokens)
-        await send_json(send, 200, body, request_id)
+        idempotency_key = header(scope, b"idempotency-key")
+        if idempotency_key:
+            await self.idempotently(send, request_id, key.tenant_pk, idempotency_key, raw,
+                                    call)
+            return
+        await send_json(send, 200, await call(), request_id)
 
     def agent_response(self, candidate: Candidate, reply: AgentResponse, ctx: CallContext,
                        route_ms: float) -> dict:
@@ -389,6 +441,27 @@ def count_call(endpoint: str, outcome: str, seconds: float) -> None:
                                                      LATENCY.labels(outcome))
     children[0].inc()
     children[1].observe(seconds)
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise GatewayError("invalid_input", "Request body must be a JSON object.")
+    return body
+
+
+async def send_bytes(send, status: int, payload: bytes, request_id: str,
+                     extra: list | None = None) -> None:
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"x-request-id", request_id.encode()), *(extra or [])],
+    })
+    await send({"type": "http.response.body", "body": payload})
 
 
 def cost(candidate: Candidate | None, input_tokens: int, output_tokens: int) -> float:

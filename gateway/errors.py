@@ -34,6 +34,8 @@ _KINDS = [
     ErrorKind("upstream_error", 502, True),
     ErrorKind("upstream_bad_response", 502, False),
     ErrorKind("circuit_open", 503, True),
+    ErrorKind("idempotency_in_progress", 409, True),
+    ErrorKind("idempotency_key_reused", 422, False),
     ErrorKind("internal_error", 500, True),
 ]
 KINDS: dict[str, ErrorKind] = {k.code: k for k in _KINDS}

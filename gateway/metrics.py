@@ -37,3 +37,5 @@ USAGE_DROPPED = Counter("reach_usage_events_dropped",
                         registry=REGISTRY)
 TOKENS = Counter("reach_tokens", "Tokens metered, by direction (input, output).",
                  ["direction"], registry=REGISTRY)
+IDEMPOTENT_REPLAYS = Counter("reach_idempotent_replays",
+                             "Calls answered from a stored first response.", registry=REGISTRY)

@@ -38,3 +38,34 @@ class UsageQueue:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
+                        interval_s: float = 0.05, maxlen: int = 1_000_000) -> None:
+    """Forever: move queued usage events to the Redis stream the metering consumer reads.
+
+    Batches per pipeline; while Redis is away the events wait in the (bounded)
+    queue and go out when it is back. Entries are ``{"e": <orjson event>}``.
+    """
+    import asyncio
+    import logging
+
+    import orjson
+
+    logger = logging.getLogger(__name__)
+    pending: list[dict] = []
+    while True:
+        pending.extend(queue.drain(1000))
+        if not pending:
+            await asyncio.sleep(interval_s)
+            continue
+        try:
+            pipe = client.pipeline(transaction=False)
+            for event in pending:
+                pipe.xadd(stream, {"e": orjson.dumps(event)}, maxlen=maxlen, approximate=True)
+            await pipe.execute()
+            pending = []
+        except Exception as exc:  # Redis down: keep them, try again shortly
+            logger.warning("usage shipping paused (%s); %d events waiting",
+                           type(exc).__name__, len(pending))
+            await asyncio.sleep(min(1.0, interval_s * 20))

@@ -48,6 +48,19 @@ gateway_application = GatewayApp(
         cooldown_seconds=settings.GATEWAY_BREAKER_COOLDOWN_S,
     ),
 )
+if settings.REDIS_URL:
+    # Shared by every gateway process: idempotency records, usage stream.
+    import redis.asyncio as aioredis
+
+    from gateway.idempotency import RedisStore
+    from gateway.usage import ship_to_redis
+
+    _redis = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
+                                     socket_connect_timeout=1)
+    gateway_application.idempotency = RedisStore(_redis, settings.REDIS_KEY_PREFIX)
+    gateway_application.background.append(
+        lambda: ship_to_redis(gateway_application.usage, _redis,
+                              settings.REDIS_KEY_PREFIX + "usage"))
 # The router skips instances whose breaker is open: the gateway's breakers feed it.
 _router.set_open_breakers(gateway_application.breakers.open_instances)
 

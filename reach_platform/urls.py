@@ -4,7 +4,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from audit.api import AuditEntryViewSet
-from metering.api.views import UsageDailyViewSet, UsageEventViewSet
+from metering.api.views import (
+    UsageAllocationView,
+    UsageDailyViewSet,
+    UsageEventViewSet,
+    UsageReportCSVView,
+    UsageReportView,
+)
 from reach_platform import health
 from registry.api.views import (
     AgentRegisterView,
@@ -46,6 +52,9 @@ admin.site.index_title = "Operations console"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/agents/register", AgentRegisterView.as_view(), name="agent-register"),
+    path("api/v1/usage/report/", UsageReportView.as_view(), name="usage-report"),
+    path("api/v1/usage/report.csv", UsageReportCSVView.as_view(), name="usage-report-csv"),
+    path("api/v1/usage/allocation/", UsageAllocationView.as_view(), name="usage-allocation"),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

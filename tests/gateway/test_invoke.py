@@ -146,3 +146,27 @@ def test_bad_requests_get_structured_errors(gateway, body, code):
                                headers={"Content-Type": "application/json"})
     assert response.json()["error"]["code"] == code
     assert response.status_code in (400, 404)
+
+
+def test_the_same_idempotency_key_twenty_times_concurrently_runs_the_agent_once(gateway):
+    import concurrent.futures
+
+    body = {"capability": "echo.all", "input": {"order": 42}}
+
+    def send(_):
+        with gateway.client() as client:
+            return client.post("/v1/invoke", json=body, headers={"Idempotency-Key": "pay-42"})
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        responses = list(pool.map(send, range(20)))
+    assert [r.status_code for r in responses] == [200] * 20
+    assert len({r.json()["request_id"] for r in responses}) == 1  # one execution, replayed
+    assert sum(1 for r in responses if r.headers.get("idempotent-replayed")) == 19
+    assert len([s for s in gateway.seen() if s["path"] == "/echo"]) == 1
+    tokens = httpx.get(f"{gateway.base}/metrics").text
+    assert "reach_idempotent_replays_total 19.0" in tokens
+    with gateway.client() as client:
+        reused = client.post("/v1/invoke", json={**body, "input": {"order": 43}},
+                             headers={"Idempotency-Key": "pay-42"})
+    assert reused.status_code == 422
+    assert reused.json()["error"]["code"] == "idempotency_key_reused"
