@@ -32,11 +32,14 @@ from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.errors import GatewayError
+from gateway.governance import Governor, MemoryUsageCounters
+from gateway.limits import InProcessLimiter
 from gateway.metrics import (
     BREAKERS,
     CALLS,
     IDEMPOTENT_REPLAYS,
     LATENCY,
+    LIMITS_DEGRADED,
     REGISTRY,
     TABLE_VERSION,
     TOKENS,
@@ -65,8 +68,13 @@ async def send_json(send, status: int, body: dict, request_id: str) -> None:
 class GatewayApp:
     def __init__(self, *, table: Callable[[], RouteTable], router: Router,
                  config: GatewayConfig, breakers: CircuitBreakers | None = None,
-                 usage: UsageQueue | None = None, idempotency_store=None) -> None:
+                 usage: UsageQueue | None = None, idempotency_store=None,
+                 governor: Governor | None = None) -> None:
         self._table = table
+        self.governor = governor or Governor(
+            limiter=InProcessLimiter(), counters=MemoryUsageCounters(),
+            on_degraded=LIMITS_DEGRADED.inc)
+        self._pending: set[asyncio.Task] = set()
         self.idempotency = idempotency_store or idempotency.MemoryStore()
         # Coroutines to run for the process's lifetime (usage shipping), started with
         # the first request: uvicorn may run without the lifespan protocol.
@@ -121,7 +129,10 @@ class GatewayApp:
             body = error.body(request_id)
             if error.explain is not None:
                 body["route"] = error.explain
-            await send_json(send, error.kind.status, body, request_id)
+            retry_after = getattr(error, "retry_after", None)
+            await send_bytes(send, error.kind.status, orjson.dumps(body), request_id,
+                             extra=[(b"retry-after", str(retry_after).encode())]
+                             if retry_after else None)
         except asyncio.CancelledError:
             outcome = "client_cancelled"
             raise
@@ -296,6 +307,7 @@ class GatewayApp:
         async def call() -> dict:
             candidate, agent_payload, ctx = self.begin(scope, table, route, payload,
                                                        request_id, key.tenant_pk)
+            await self.governor.admit(table, key.tenant_pk, candidate)
             route_ms = (time.monotonic() - ctx.started) * 1000
             upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
                                               stream=False)
@@ -307,6 +319,7 @@ class GatewayApp:
         if stream:
             candidate, agent_payload, ctx = self.begin(scope, table, route, payload,
                                                        request_id, key.tenant_pk)
+            await self.governor.admit(table, key.tenant_pk, candidate)
             upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
                                               stream=True)
             await self.relay(scope, receive, send, upstream, ctx, openai_passthrough=True)
@@ -341,6 +354,13 @@ class GatewayApp:
                    input_tokens: int = 0, output_tokens: int = 0) -> None:
         TOKENS_IN.inc(input_tokens)
         TOKENS_OUT.inc(output_tokens)
+        if candidate is not None:
+            # Budget counters: off the call's path; a lost increment under-counts by one.
+            task = asyncio.ensure_future(self.governor.record(
+                ctx.tenant_pk, candidate, tokens=input_tokens + output_tokens,
+                cost=cost(candidate, input_tokens, output_tokens)))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
         self.usage.emit({
             "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
             "agent": candidate.agent.pk if candidate else None,

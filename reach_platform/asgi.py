@@ -58,6 +58,17 @@ if settings.REDIS_URL:
     _redis = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
                                      socket_connect_timeout=1)
     gateway_application.idempotency = RedisStore(_redis, settings.REDIS_KEY_PREFIX)
+    from gateway.governance import Governor, RedisUsageCounters
+    from gateway.limits import RedisLimiter
+    from gateway.metrics import LIMITS_DEGRADED
+
+    gateway_application.governor = Governor(
+        limiter=RedisLimiter(_redis, prefix=settings.REDIS_KEY_PREFIX,
+                             fail_open=settings.RATE_LIMIT_FAIL_OPEN,
+                             on_degraded=LIMITS_DEGRADED.inc),
+        counters=RedisUsageCounters(_redis, settings.REDIS_KEY_PREFIX),
+        on_degraded=LIMITS_DEGRADED.inc,
+    )
     gateway_application.background.append(
         lambda: ship_to_redis(gateway_application.usage, _redis,
                               settings.REDIS_KEY_PREFIX + "usage"))

@@ -228,6 +228,10 @@ GATEWAY_INTERNAL_NETWORKS = tuple(
     for n in env.list("REACH_INTERNAL_NETWORKS", default=["127.0.0.0/8", "::1/128"])
 )
 
+# Rate limits when Redis is unreachable: let calls through (logged and counted in
+# reach_limits_degraded_total) or refuse them.
+RATE_LIMIT_FAIL_OPEN = env.bool("REACH_RATE_LIMIT_FAIL_OPEN", default=True)
+
 # Circuit breakers, per instance: the field's defaults (60 s window, 30 % failures
 # after 10 calls, 30 s cool-down); tests shorten the cool-down.
 GATEWAY_BREAKER_WINDOW_S = env.float("REACH_BREAKER_WINDOW_S", default=60.0)

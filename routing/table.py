@@ -218,6 +218,9 @@ class RouteTable:
     credentials_by_pair: Mapping[tuple[int, int], tuple[CredentialEntry, ...]] = field(
         default_factory=_empty, compare=False
     )
+    quotas_by_tenant: Mapping[int, tuple[QuotaEntry, ...]] = field(
+        default_factory=_empty, compare=False
+    )
 
     def credentials_for(self, tenant_pk: int, agent_pk: int) -> tuple[CredentialEntry, ...]:
         return self.credentials_by_pair.get((tenant_pk, agent_pk), ())
@@ -237,6 +240,7 @@ class RouteTable:
             ),
             grants_by_tenant=_grants_by_tenant(self.grants),
             credentials_by_pair=_credentials_by_pair(self.credentials),
+            quotas_by_tenant=_by_tenant(self.quotas),
         )
 
     def apply(self, delta: Delta) -> RouteTable:
@@ -252,7 +256,7 @@ class RouteTable:
         else:
             rows[delta.pk] = delta.entry
         table = replace(self, version=delta.version, **{name: types.MappingProxyType(rows)})
-        derived = ("agent", "api_key", "grant", "credential")
+        derived = ("agent", "api_key", "grant", "credential", "quota")
         return table.indexed() if delta.kind in derived else table
 
     def apply_load(self, report: LoadReport) -> RouteTable:
@@ -286,11 +290,14 @@ def _credentials_by_pair(credentials: Mapping[int, CredentialEntry]) -> Mapping:
     return types.MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 
-def _grants_by_tenant(grants: Mapping[int, GrantEntry]) -> Mapping:
-    out: dict[int, list[GrantEntry]] = {}
-    for grant in grants.values():
-        out.setdefault(grant.tenant_pk, []).append(grant)
+def _by_tenant(rows: Mapping) -> Mapping:
+    out: dict[int, list] = {}
+    for row in rows.values():
+        out.setdefault(row.tenant_pk, []).append(row)
     return types.MappingProxyType({k: tuple(v) for k, v in out.items()})
+
+
+_grants_by_tenant = _by_tenant
 
 
 @dataclass(frozen=True)

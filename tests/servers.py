@@ -109,3 +109,23 @@ def postgres_stopped() -> Iterator[None]:
         deadline = time.monotonic() + 60
         while not _pg_ready() and time.monotonic() < deadline:
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def redis_stopped() -> Iterator[None]:
+    """Stop the machine's Redis for the block; always start it again and wait for it."""
+    subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"],
+                   check=False, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1",
+                        "--port", "6379", "--save", "", "--appendonly", "no",
+                        "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"],
+                       check=False, capture_output=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if subprocess.run(["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True,
+                              check=False).stdout.strip() == b"PONG":
+                return
+            time.sleep(0.1)

@@ -1,0 +1,91 @@
+"""Rate limits through real gateways: shared across processes via Redis, fail-open."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+
+import httpx
+import pytest
+from django.conf import settings
+
+from tenants.models import Quota
+from tests.servers import free_port, platform_env, redis_stopped, running, uvicorn_args
+
+needs_redis = pytest.mark.skipif(not settings.REDIS_URL,
+                                 reason="needs the machine's Redis (.ci/run sets REDIS_URL)")
+
+
+def _wait_for_429(client, body, timeout=15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.post("/v1/invoke", json=body).status_code != 429:
+        assert time.monotonic() < deadline, "the limit never took effect"
+
+
+def test_a_tenant_limit_answers_429_with_retry_after(gateway):
+    Quota.objects.create(tenant=gateway.tenant, requests_per_minute=60, burst=2)
+    body = {"capability": "echo.all", "input": {}}
+    with gateway.client() as client:
+        _wait_for_429(client, body)  # the gateway learns of the quota from the route table
+        response = client.post("/v1/invoke", json=body)
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "rate_limited"
+    assert response.json()["error"]["retryable"] is True
+    assert int(response.headers["retry-after"]) >= 1
+
+
+@needs_redis
+def test_two_gateway_processes_share_a_ten_per_second_limit(gateway, tmp_path):
+    from tests.gateway.conftest import database_url
+
+    Quota.objects.create(tenant=gateway.tenant, requests_per_minute=600, burst=10)
+    port = free_port()
+    env = platform_env(tmp_path, DATABASE_URL=database_url(),
+                       REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
+                       REDIS_URL=settings.REDIS_URL,
+                       REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX)
+    body = {"capability": "echo.all", "input": {}}
+    with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "gw2.log") as second:
+        clients = [httpx.Client(base_url=base, timeout=10,
+                                headers={"Authorization": f"Bearer {gateway.key}"})
+                   for base in (gateway.base, second)]
+        for client in clients:
+            _wait_for_429(client, body)
+        time.sleep(1.5)  # let the shared bucket refill to its burst before measuring
+        stop_at = time.monotonic() + 3.0
+        started = time.monotonic()
+
+        def hammer(client) -> tuple[int, int]:
+            ok = limited = 0
+            while time.monotonic() < stop_at:
+                status = client.post("/v1/invoke", json=body).status_code
+                ok += status == 200
+                limited += status == 429
+            return ok, limited
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(hammer, clients * 2))
+        elapsed = time.monotonic() - started
+        for client in clients:
+            client.close()
+    allowed = sum(ok for ok, _ in results)
+    expected = 10 * elapsed + 10  # the rate over the window, plus the burst at the start
+    assert abs(allowed - expected) <= 0.1 * expected, (allowed, expected)
+    assert sum(limited for _, limited in results) > allowed  # both processes were refused
+    assert all(ok > 0 for ok, _ in results)
+
+
+@needs_redis
+def test_calls_continue_fail_open_while_redis_is_stopped(gateway):
+    Quota.objects.create(tenant=gateway.tenant, requests_per_minute=6000, burst=100)
+    body = {"capability": "echo.all", "input": {}}
+    with gateway.client() as client:
+        assert client.post("/v1/invoke", json=body).status_code == 200
+        with redis_stopped():
+            for _ in range(5):
+                response = client.post("/v1/invoke", json=body)
+                assert response.status_code == 200, response.text
+            metrics = httpx.get(f"{gateway.base}/metrics").text
+    match = re.search(r"reach_limits_degraded_total ([0-9.]+)", metrics)
+    assert match and float(match.group(1)) >= 5
