@@ -89,3 +89,18 @@ def test_calls_continue_fail_open_while_redis_is_stopped(gateway):
             metrics = httpx.get(f"{gateway.base}/metrics").text
     match = re.search(r"reach_limits_degraded_total ([0-9.]+)", metrics)
     assert match and float(match.group(1)) >= 5
+
+
+def test_a_monthly_request_budget_is_enforced(gateway):
+    Quota.objects.create(tenant=gateway.tenant, monthly_requests=3)
+    body = {"capability": "echo.all", "input": {}}
+    statuses = []
+    with gateway.client() as client:
+        deadline = time.monotonic() + 15
+        while not statuses or statuses[-1] != 429:
+            assert time.monotonic() < deadline, "the budget never took effect"
+            statuses.append(client.post("/v1/invoke", json=body).status_code)
+        refused = client.post("/v1/invoke", json=body)
+    assert refused.json()["error"]["code"] == "quota_exceeded"
+    # The gateway counted every call it let through, and stopped at the budget.
+    assert statuses.count(200) >= 3
