@@ -1,9 +1,28 @@
 from __future__ import annotations
 
-from django.contrib import admin
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
 
-from metering.models import UsageDaily, UsageEvent
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+from metering import selectors
+from metering.models import BudgetAlert, UsageDaily, UsageEvent
+from metering.reports import PeriodError, cost_chart, readable_tenants, resolve_period
 from reach_platform.admin_base import ReadOnlyTenantScopedAdmin, badge
+from tenants.models import Tenant
+from tenants.principal import principal_for_request
+
+# Offers only tenants with rows the user can see: the plain related filter would
+# list every tenant's slug to every staff user.
+_TENANT_FILTER = ("tenant", admin.RelatedOnlyFieldListFilter)
 
 
 @admin.register(UsageEvent)
@@ -12,7 +31,7 @@ class UsageEventAdmin(ReadOnlyTenantScopedAdmin):
         "occurred_at", "request_id", "tenant", "agent", "capability", "outcome_badge",
         "input_tokens", "output_tokens", "cost", "latency_ms",
     ]
-    list_filter = ["outcome", "tenant"]
+    list_filter = ["outcome", _TENANT_FILTER]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["request_id"]
     date_hierarchy = "occurred_at"
@@ -22,12 +41,125 @@ class UsageEventAdmin(ReadOnlyTenantScopedAdmin):
         return badge("healthy" if obj.outcome == "success" else "offline", obj.outcome)
 
 
+class UsageReportForm(forms.Form):
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.none(), required=False, to_field_name="slug",
+        empty_label="All my tenants",
+    )
+
+    def __init__(self, *args: Any, tenants: QuerySet[Tenant], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Only the user's tenants are valid choices: another slug is a form error.
+        self.fields["tenant"].queryset = tenants
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if "start" in cleaned and "end" in cleaned:
+            try:
+                cleaned["start"], cleaned["end"] = resolve_period(
+                    cleaned["start"], cleaned["end"]
+                )
+            except PeriodError as exc:
+                self.add_error(exc.field, exc.message)
+        return cleaned
+
+
 @admin.register(UsageDaily)
 class UsageDailyAdmin(ReadOnlyTenantScopedAdmin):
     list_display = [
         "day", "tenant", "agent", "capability", "requests", "errors", "input_tokens",
         "output_tokens", "cost",
     ]
-    list_filter = ["tenant"]
+    list_filter = [_TENANT_FILTER]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     date_hierarchy = "day"
+
+    def get_urls(self) -> list[URLPattern]:
+        report = path(
+            "report/", self.admin_site.admin_view(self.report_view),
+            name="metering_usagedaily_report",
+        )
+        # Before the defaults: their "<path:object_id>/" would swallow "report/".
+        return [report, *super().get_urls()]
+
+    def report_view(self, request: HttpRequest) -> HttpResponse:
+        """Usage and cost over a period for ops and finance, from the raw events."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        principal = principal_for_request(request)
+        tenants = readable_tenants(principal.tenant_ids)
+        default_start, default_end = resolve_period(None, None)
+        form = UsageReportForm(
+            request.GET or None, tenants=tenants,
+            initial={"start": default_start, "end": default_end},
+        )
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Usage report",
+            "form": form,
+            "report": None,
+        }
+        if not form.is_bound:
+            context["report"] = self._report(
+                principal.tenant_ids, tenants, None, default_start, default_end
+            )
+        elif form.is_valid():
+            data = form.cleaned_data
+            context["report"] = self._report(
+                principal.tenant_ids, tenants, data["tenant"], data["start"], data["end"]
+            )
+        return TemplateResponse(request, "admin/metering/report.html", context)
+
+    def _report(
+        self, readable: frozenset[int] | None, tenants: QuerySet[Tenant],
+        tenant: Tenant | None, start: dt.date, end: dt.date,
+    ) -> dict[str, Any]:
+        tenant_ids = frozenset({tenant.pk}) if tenant else readable
+        # A tenant column only when the rows can mix tenants.
+        many = tenant is None and (readable is None or len(readable) > 1)
+        group_by = ["tenant", "agent", "capability", "day"] if many else [
+            "agent", "capability", "day"
+        ]
+        period = {"start": start, "end": end}
+        allocation = selectors.cost_allocation(tenant_ids=readable, **period)
+        query = {"start": start.isoformat(), "end": end.isoformat(),
+                 "group_by": ",".join(group_by)}
+        if tenant is not None:
+            query["tenant"] = tenant.slug
+        return {
+            **period,
+            "tenant": tenant,
+            "group_by": group_by,
+            "rows": selectors.usage_report(tenant_ids=tenant_ids, group_by=group_by, **period),
+            "totals": selectors.usage_totals(tenant_ids=tenant_ids, **period),
+            "chart": cost_chart(selectors.daily_cost(tenant_ids=tenant_ids, **period)),
+            "allocation": allocation,
+            "allocation_total": selectors.allocation_total(allocation),
+            "csv_url": f"{reverse('usage-report-csv')}?{urlencode(query)}",
+        }
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(ReadOnlyTenantScopedAdmin):
+    list_display = ["month_label", "tenant", "metric", "used_of_budget", "threshold",
+                    "created_at"]
+    list_filter = ["metric", _TENANT_FILTER]
+    list_select_related = ["tenant"]
+    date_hierarchy = "month"
+
+    @admin.display(description="month", ordering="month")
+    def month_label(self, obj: BudgetAlert) -> str:
+        return f"{obj.month:%Y-%m}"
+
+    @admin.display(description="used / budget")
+    def used_of_budget(self, obj: BudgetAlert) -> str:
+        share = f" ({obj.used / obj.budget:.0%})" if obj.budget else ""
+        return f"{_plain(obj.used)} / {_plain(obj.budget)}{share}"
+
+
+def _plain(value: Decimal) -> str:
+    # 1200.000000 -> "1200": budgets in requests or tokens are whole numbers.
+    return f"{value.normalize():f}"

@@ -54,12 +54,16 @@ class UsageDaily(models.Model):
     tenant = models.ForeignKey(
         "tenants.Tenant", on_delete=models.PROTECT, related_name="usage_daily"
     )
+    # No database constraint: a rollup row outlives its agent with the agent's id
+    # (reports show it as deleted). SET_NULL could merge two rows of one period
+    # into one key and break the unique constraint, and finance needs the history.
     agent = models.ForeignKey(
-        "registry.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "registry.Agent", null=True, blank=True, on_delete=models.DO_NOTHING,
+        db_constraint=False, related_name="+",
     )
     capability = models.ForeignKey(
-        "registry.Capability", null=True, blank=True, on_delete=models.SET_NULL,
-        related_name="+",
+        "registry.Capability", null=True, blank=True, on_delete=models.DO_NOTHING,
+        db_constraint=False, related_name="+",
     )
     requests = models.PositiveBigIntegerField(default=0)
     errors = models.PositiveBigIntegerField(default=0)
@@ -94,12 +98,16 @@ class UsageHourly(models.Model):
     tenant = models.ForeignKey(
         "tenants.Tenant", on_delete=models.PROTECT, related_name="usage_hourly"
     )
+    # No database constraint: a rollup row outlives its agent with the agent's id
+    # (reports show it as deleted). SET_NULL could merge two rows of one period
+    # into one key and break the unique constraint, and finance needs the history.
     agent = models.ForeignKey(
-        "registry.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "registry.Agent", null=True, blank=True, on_delete=models.DO_NOTHING,
+        db_constraint=False, related_name="+",
     )
     capability = models.ForeignKey(
-        "registry.Capability", null=True, blank=True, on_delete=models.SET_NULL,
-        related_name="+",
+        "registry.Capability", null=True, blank=True, on_delete=models.DO_NOTHING,
+        db_constraint=False, related_name="+",
     )
     requests = models.PositiveBigIntegerField(default=0)
     errors = models.PositiveBigIntegerField(default=0)

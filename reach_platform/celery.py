@@ -22,6 +22,9 @@ app.autodiscover_tasks()
 PERIODIC = {
     "registry.sweep_leases": 2.0,
     "registry.probe_instances": 10.0,
+    "metering.consume_usage": 1.0,
+    "metering.rollup": 60.0,
+    "metering.check_budgets": 60.0,
 }
 app.conf.beat_schedule = {
     name: {"task": name, "schedule": period} for name, period in PERIODIC.items()

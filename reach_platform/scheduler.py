@@ -51,4 +51,24 @@ def registry_jobs() -> dict[str, tuple[float, callable]]:
 
     functions = {"registry.sweep_leases": instances_sweep,
                  "registry.probe_instances": instances_probe}
-    return {name: (PERIODIC[name], functions[name]) for name in PERIODIC}
+    return {name: (PERIODIC[name], function) for name, function in functions.items()}
+
+
+def metering_jobs(usage_queue) -> dict[str, tuple[float, callable]]:
+    """The embedded mode's metering: drain the gateway's usage queue into the database
+    (production ships it through a Redis stream to Celery), roll up, check budgets."""
+    from django.utils import timezone
+
+    from metering.budgets import budgets_check
+    from metering.ingest import usage_queue_drain
+    from metering.rollups import rollup_recent
+    from reach_platform.celery import PERIODIC
+
+    return {
+        "metering.drain_usage": (PERIODIC["metering.consume_usage"],
+                                 lambda: usage_queue_drain(usage_queue)),
+        "metering.rollup": (PERIODIC["metering.rollup"],
+                            lambda: rollup_recent(timezone.now())),
+        "metering.check_budgets": (PERIODIC["metering.check_budgets"],
+                                   lambda: budgets_check(now=timezone.now())),
+    }

@@ -82,7 +82,8 @@ class AgentAdmin(TenantScopedAdmin):
         "name", "namespace", "version", "protocol", "owner_tenant", "team", "internal_only",
         "instances_health", "priority", "weight",
     ]
-    list_filter = ["namespace", "protocol", "visibility", "internal_only", "owner_tenant"]
+    list_filter = ["namespace", "protocol", "visibility", "internal_only",
+                   ("owner_tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["namespace", "owner_tenant"]
     search_fields = ["name", "description", "team", "capabilities__capability_id"]
     inlines = [CapabilityInline, InstanceInline]

@@ -70,7 +70,8 @@ class ApiKeyAdmin(TenantScopedAdmin):
         "prefix", "name", "tenant", "scope_list", "status_badge", "expires_at", "last_used_at",
         "created_at",
     ]
-    list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter),
+                   ("revoked_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["prefix", "name", "tenant__slug"]
     readonly_fields = ["prefix", "revoked_at", "last_used_at", "created_at"]
@@ -122,7 +123,7 @@ class ApiKeyAdmin(TenantScopedAdmin):
 @admin.register(Grant)
 class GrantAdmin(TenantScopedAdmin):
     list_display = ["tenant", "agent", "capability", "created_at"]
-    list_filter = ["tenant"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["tenant__slug", "agent__name", "capability__capability_id"]
     autocomplete_fields = ["agent", "capability"]
@@ -164,7 +165,7 @@ class CredentialForm(forms.ModelForm):
 class CredentialAdmin(TenantScopedAdmin):
     form = CredentialForm
     list_display = ["tenant", "agent", "kind", "field_name", "secret_source", "updated_at"]
-    list_filter = ["kind", "tenant"]
+    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "agent__namespace"]
     search_fields = ["tenant__slug", "agent__name", "field_name", "value_env"]
     autocomplete_fields = ["agent"]
@@ -180,7 +181,7 @@ class QuotaAdmin(TenantScopedAdmin):
         "tenant", "agent", "capability", "requests_per_minute", "burst", "monthly_requests",
         "monthly_tokens", "monthly_cost",
     ]
-    list_filter = ["tenant"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["tenant__slug", "agent__name", "capability__capability_id"]
     autocomplete_fields = ["agent", "capability"]

@@ -124,8 +124,7 @@ def redis_stopped() -> Iterator[None]:
                         "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"],
                        check=False, capture_output=True)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if subprocess.run(["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True,
-                              check=False).stdout.strip() == b"PONG":
-                return
+        while time.monotonic() < deadline and subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, check=False
+        ).stdout.strip() != b"PONG":
             time.sleep(0.1)

@@ -1,8 +1,30 @@
 from __future__ import annotations
 
-from metering.api.serializers import UsageDailySerializer, UsageEventSerializer
+import datetime as dt
+from typing import Any
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, renderers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from metering import selectors
+from metering.api.serializers import (
+    UsageAllocationSerializer,
+    UsageDailySerializer,
+    UsageEventSerializer,
+    UsagePeriodQuerySerializer,
+    UsageReportQuerySerializer,
+    UsageReportSerializer,
+)
 from metering.models import UsageDaily, UsageEvent
+from metering.reports import narrow_to_tenant, report_csv
 from reach_platform.api import TenantScopedReadOnlyViewSet
+from tenants.models import Tenant
+from tenants.principal import principal_for_request
 
 
 class UsageEventViewSet(TenantScopedReadOnlyViewSet):
@@ -18,3 +40,102 @@ class UsageDailyViewSet(TenantScopedReadOnlyViewSet):
 
     queryset = UsageDaily.objects.select_related("tenant")
     serializer_class = UsageDailySerializer
+
+
+def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
+    query = serializer_class(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    return dict(query.validated_data)
+
+
+def _scope(request: Request, tenant_slug: str | None) -> frozenset[int] | None:
+    """The tenants to report on: the caller's readable ones, or the one named."""
+    try:
+        return narrow_to_tenant(principal_for_request(request).tenant_ids, tenant_slug)
+    except Tenant.DoesNotExist as exc:
+        # Same answer for "no such tenant" and "not yours": existence is not confirmed.
+        raise exceptions.NotFound(f"No tenant {tenant_slug!r} among the tenants you read.") from exc
+
+
+def _report(request: Request) -> dict[str, Any]:
+    query = _validated(UsageReportQuerySerializer, request)
+    tenant_ids = _scope(request, query.get("tenant"))
+    period: dict[str, dt.date] = {"start": query["start"], "end": query["end"]}
+    return {
+        **period,
+        "group_by": query["group_by"],
+        "rows": selectors.usage_report(tenant_ids=tenant_ids, group_by=query["group_by"],
+                                       **period),
+        "totals": selectors.usage_totals(tenant_ids=tenant_ids, **period),
+    }
+
+
+class UsageReportView(APIView):
+    """Usage and cost of your tenants over a period, grouped as asked, with totals.
+
+    Aggregated from the raw usage events, so it is current up to the last call.
+    """
+
+    @extend_schema(
+        operation_id="usage_report", parameters=[UsageReportQuerySerializer],
+        responses={200: UsageReportSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(UsageReportSerializer(_report(request)).data)
+
+
+class CSVRenderer(renderers.BaseRenderer):
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        # The view builds the CSV itself; this renderer only lets
+        # ``Accept: text/csv`` through content negotiation.
+        return data
+
+
+class UsageReportCSVView(APIView):
+    """The usage report as CSV: a header row, then the same rows as the JSON report."""
+
+    renderer_classes = [CSVRenderer]
+
+    @extend_schema(
+        operation_id="usage_report_csv", parameters=[UsageReportQuerySerializer],
+        responses={(200, "text/csv"): OpenApiResponse(
+            response=OpenApiTypes.STR,
+            description="Columns: the group_by keys, then requests, errors, input_tokens, "
+            "output_tokens, cost, latency_ms_avg.",
+        )},
+    )
+    def get(self, request: Request) -> HttpResponse:
+        report = _report(request)
+        response = HttpResponse(
+            report_csv(report["rows"], report["group_by"]), content_type="text/csv; charset=utf-8"
+        )
+        name = f"usage-{report['start']:%Y%m%d}-{report['end']:%Y%m%d}.csv"
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+    def handle_exception(self, exc: Exception) -> Response:
+        # Errors keep the project's JSON shape even when the client asked for CSV.
+        self.request.accepted_renderer = renderers.JSONRenderer()
+        self.request.accepted_media_type = renderers.JSONRenderer.media_type
+        return super().handle_exception(exc)
+
+
+class UsageAllocationView(APIView):
+    """How the period's total cost splits across your tenants (shares add up to 1)."""
+
+    @extend_schema(
+        operation_id="usage_allocation", parameters=[UsagePeriodQuerySerializer],
+        responses={200: UsageAllocationSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        query = _validated(UsagePeriodQuerySerializer, request)
+        tenant_ids = _scope(request, query.get("tenant"))
+        rows = selectors.cost_allocation(start=query["start"], end=query["end"],
+                                         tenant_ids=tenant_ids)
+        body = {"start": query["start"], "end": query["end"],
+                "total_cost": selectors.allocation_total(rows), "tenants": rows}
+        return Response(UsageAllocationSerializer(body).data)

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -109,3 +110,21 @@ def test_the_readme_gateway_examples_work_verbatim(first_run):
     assert '"reply_content":"おはようございます"' in out  # the invoke example
     assert out.count("chat.completion.chunk") > 3 and "data: [DONE]" in out  # streamed
     assert "You said: Hi!" in out  # the openai SDK example
+
+
+def test_calls_are_metered_into_the_database_in_embedded_mode(first_run):
+    base, output, _ = first_run
+    key = _printed(output, r"API key for tenant 'demo': (rk_\S+)")
+    headers = {"Authorization": f"Bearer {key}"}
+    reply = httpx.post(f"{base}/v1/invoke", headers=headers, json={
+        "capability": "translate.text", "input": {"text": "thank you", "dest_lang": "ja"}})
+    request_id = reply.json()["request_id"]
+    deadline = time.monotonic() + 15
+    while True:  # the in-process scheduler drains the gateway's usage queue every second
+        found = httpx.get(f"{base}/api/v1/usage/events/{request_id}/", headers=headers)
+        if found.status_code == 200:
+            break
+        assert time.monotonic() < deadline, "the call was never metered"
+        time.sleep(0.2)
+    event = found.json()
+    assert event["outcome"] == "success" and event["tenant"] == "demo"

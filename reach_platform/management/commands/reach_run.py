@@ -48,12 +48,14 @@ class Command(BaseCommand):
             ]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
-        from reach_platform.scheduler import InProcessScheduler, registry_jobs
+        from reach_platform.scheduler import InProcessScheduler, metering_jobs, registry_jobs
 
         if not settings.REDIS_URL:
-            # Embedded mode: lease sweeps and probes run here; in production
+            # Embedded mode: lease sweeps, probes and metering run here; in production
             # Celery beat runs the same jobs (reach_platform.celery).
-            jobs |= registry_jobs()
+            from reach_platform.asgi import gateway_application
+
+            jobs |= registry_jobs() | metering_jobs(gateway_application.usage)
         scheduler = InProcessScheduler(jobs)
         scheduler.start()
         try:

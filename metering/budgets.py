@@ -1,0 +1,104 @@
+"""Monthly budgets from ``Quota`` rows: usage this calendar month and 80 % alerts.
+
+Usage is read from ``UsageEvent`` (not the rollups) so an alert never waits for
+the next rollup. Months are UTC calendar months.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import TypedDict
+
+from django.db import transaction
+from django.db.models import Count, DecimalField, Q, Sum
+
+from metering.models import BudgetAlert, UsageEvent
+from tenants.models import Quota
+
+THRESHOLD = Decimal("0.80")
+_METRICS = (("requests", "monthly_requests"), ("tokens", "monthly_tokens"),
+            ("cost", "monthly_cost"))
+# Wider than a row's cost: SQLite's converter quantizes a sum within the field's max_digits.
+_COST_SUM = DecimalField(max_digits=24, decimal_places=6)
+
+
+class MonthUsage(TypedDict):
+    requests: int
+    tokens: int
+    cost: Decimal
+
+
+def _month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    now = now.astimezone(UTC) if now.tzinfo else now.replace(tzinfo=UTC)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(
+        month=start.month + 1)
+    return start, end
+
+
+def month_usage(tenant_id: int, agent_id: int | None = None, *,
+                capability_id: int | None = None,
+                now: datetime | None = None) -> MonthUsage:
+    """A tenant's usage this calendar month, optionally narrowed to an agent or capability."""
+    start, end = _month_bounds(now or datetime.now(tz=UTC))
+    scope = Q(tenant_id=tenant_id, occurred_at__gte=start, occurred_at__lt=end)
+    if agent_id is not None:
+        scope &= Q(agent_id=agent_id)
+    if capability_id is not None:
+        scope &= Q(capability_id=capability_id)
+    totals = UsageEvent.objects.filter(scope).aggregate(
+        requests=Count("id"),
+        input_tokens=Sum("input_tokens", default=0),
+        output_tokens=Sum("output_tokens", default=0),
+        cost=Sum("cost", output_field=_COST_SUM),
+    )
+    return MonthUsage(
+        requests=totals["requests"],
+        tokens=totals["input_tokens"] + totals["output_tokens"],
+        cost=totals["cost"] or Decimal(0),
+    )
+
+
+def _crossed(used: Decimal, budget: Decimal) -> bool:
+    if budget <= 0:
+        # A zero budget means "none allowed": any use at all is worth an alert.
+        return used > 0
+    return used >= budget * THRESHOLD
+
+
+@transaction.atomic
+def budgets_check(*, now: datetime) -> list[BudgetAlert]:
+    """Alert once per quota, month and metric when usage reaches 80 % of the budget.
+
+    Returns the alerts created by this run; the unique constraint makes a second
+    run (or a concurrent one) a no-op.
+    """
+    start, _ = _month_bounds(now)
+    month: date = start.date()
+    quotas = Quota.objects.filter(
+        Q(monthly_requests__isnull=False) | Q(monthly_tokens__isnull=False)
+        | Q(monthly_cost__isnull=False)
+    ).order_by("pk")
+    usage_by_scope: dict[tuple[int, int | None, int | None], MonthUsage] = {}
+    created: list[BudgetAlert] = []
+    for quota in quotas:
+        scope = (quota.tenant_id, quota.agent_id, quota.capability_id)
+        if scope not in usage_by_scope:
+            usage_by_scope[scope] = month_usage(
+                quota.tenant_id, quota.agent_id, capability_id=quota.capability_id, now=now)
+        usage = usage_by_scope[scope]
+        for metric, field in _METRICS:
+            budget = getattr(quota, field)
+            if budget is None:
+                continue
+            used, budget = Decimal(usage[metric]), Decimal(budget)
+            if not _crossed(used, budget):
+                continue
+            alert, is_new = BudgetAlert.objects.get_or_create(
+                quota=quota, month=month, metric=metric, threshold=THRESHOLD,
+                defaults={"tenant_id": quota.tenant_id, "used": used, "budget": budget},
+            )
+            if is_new:
+                created.append(alert)
+    return created

@@ -1,0 +1,56 @@
+"""Periodic metering jobs. Thin: each calls one service. Celery beat runs them in
+production (``reach_platform.celery.PERIODIC``)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+
+import redis
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from metering.budgets import budgets_check
+from metering.ingest import CLAIM_IDLE_MS, usage_stream_consume
+from metering.rollups import rollup_recent
+
+# One task stores at most this many batches, then leaves the worker to the next
+# scheduled one: a backlog is worked off across tasks, none runs unbounded.
+_MAX_BATCHES = 200
+
+
+@functools.cache
+def _redis(url: str) -> redis.Redis:
+    # Longer than the blocking read, or the read would time out as an error.
+    return redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+
+
+def _consumer_name() -> str:
+    # Per process: a pool's children must not share (and steal) each other's pending entries.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+# acks_late: a worker killed mid-task leaves the message to be redelivered, like
+# the stream entries it held. expires: beat queues one per second; when workers
+# were away those pile up, and stale ones are dropped instead of run.
+@shared_task(name="metering.consume_usage", ignore_result=True, acks_late=True, expires=30)
+def consume_usage(*, batch: int = 500, block_ms: int = 1000, max_batches: int = _MAX_BATCHES,
+                  claim_idle_ms: int = CLAIM_IDLE_MS) -> int:
+    if not settings.REDIS_URL:
+        return 0  # embedded mode: the gateway's queue is drained in-process
+    return usage_stream_consume(
+        client=_redis(settings.REDIS_URL), consumer=_consumer_name(), batch=batch,
+        block_ms=block_ms, max_batches=max_batches, claim_idle_ms=claim_idle_ms,
+    )
+
+
+@shared_task(name="metering.rollup", ignore_result=True)
+def rollup() -> dict[str, int]:
+    return rollup_recent(timezone.now())
+
+
+@shared_task(name="metering.check_budgets", ignore_result=True)
+def check_budgets() -> int:
+    return len(budgets_check(now=timezone.now()))

@@ -1,0 +1,465 @@
+"""Usage and cost reports: the selectors' sums, the REST report / CSV / allocation
+endpoints, and the admin report page, always scoped to the caller's tenants."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import itertools
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from html import unescape
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from metering import selectors
+from metering.models import BudgetAlert, UsageEvent
+from tests import factories
+from tests.conftest import key_client
+
+D = Decimal
+START = dt.date(2025, 3, 1)
+END = dt.date(2025, 3, 3)
+PERIOD = {"start": "2025-03-01", "end": "2025-03-03"}
+_ids = itertools.count(1)
+
+
+def at(day: int, hour: int = 12, minute: int = 0, second: int = 0) -> dt.datetime:
+    return dt.datetime(2025, 3, day, hour, minute, second, tzinfo=dt.UTC)
+
+
+def event(tenant, agent, capability, when: dt.datetime, *, cost: str = "0", tokens=(0, 0),
+          latency: int = 0, outcome: str = "success") -> UsageEvent:
+    return UsageEvent.objects.create(
+        request_id=f"req-{next(_ids)}", tenant=tenant, agent=agent, capability=capability,
+        outcome=outcome, input_tokens=tokens[0], output_tokens=tokens[1], cost=D(cost),
+        latency_ms=latency, occurred_at=when,
+    )
+
+
+@dataclass
+class Usage:
+    world: object
+    writer: object  # tenant A's second agent
+
+
+@pytest.fixture
+def usage(world) -> Usage:
+    a, b = world.tenant_a, world.tenant_b
+    translate = factories.capability(agent=world.agent_a, capability_id="translate.text")
+    detect = factories.capability(agent=world.agent_a, capability_id="translate.detect")
+    writer = factories.agent(owner=a, name="alpha-writer")
+    draft = factories.capability(agent=writer, capability_id="write.draft")
+    summarise = factories.capability(agent=world.agent_b, capability_id="summarise.text")
+
+    # Tenant A: 7 events in the period.
+    event(a, world.agent_a, translate, at(1, 0, 0, 0), cost="0.100000", tokens=(10, 20),
+          latency=100)
+    event(a, world.agent_a, translate, at(1, 9), cost="0.200000", tokens=(5, 5), latency=200)
+    event(a, world.agent_a, detect, at(1, 10), outcome="upstream_error", latency=50)
+    event(a, world.agent_a, translate, at(2), cost="0.333333", tokens=(7, 3), latency=90)
+    event(a, None, None, at(2, 13), cost="0.050000", tokens=(1, 1), latency=10)  # agent gone
+    event(a, writer, draft, at(3), cost="1.000001", tokens=(100, 400), latency=1000)
+    event(a, writer, draft, at(3, 23, 59, 59), cost="0.000002", outcome="upstream_timeout",
+          latency=3000)
+    # Just outside the period on either side: never counted.
+    event(a, world.agent_a, translate, at(1) - dt.timedelta(days=1), cost="50")
+    event(a, world.agent_a, translate, at(3, 0) + dt.timedelta(days=1), cost="50")
+
+    # Tenant B: 4 events, much larger numbers so a leak would show.
+    for hour in (1, 2, 3):
+        event(b, world.agent_b, summarise, at(1, hour), cost="9.500000", tokens=(900, 900),
+              latency=700)
+    event(b, world.agent_b, summarise, at(2), cost="20.000000", tokens=(5000, 5000),
+          latency=900, outcome="rate_limited")
+    return Usage(world=world, writer=writer)
+
+
+A_TOTALS = {
+    "requests": 7, "errors": 2, "input_tokens": 123, "output_tokens": 429,
+    "cost": D("1.683336"), "latency_ms_avg": round(4450 / 7, 1),
+}
+
+
+def report(tenant_ids, group_by, start=START, end=END) -> list[dict]:
+    return selectors.usage_report(tenant_ids=tenant_ids, start=start, end=end, group_by=group_by)
+
+
+# ---- selectors -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_report_sums_per_agent_capability_and_day(usage):
+    rows = report([usage.world.tenant_a.pk], ["agent", "capability", "day"])
+    summary = [(r["agent"], r["capability"], r["day"], r["requests"], r["errors"],
+                r["input_tokens"], r["output_tokens"], r["cost"], r["latency_ms_avg"])
+               for r in rows]
+    assert summary == [
+        ("(deleted)", "(deleted)", "2025-03-02", 1, 0, 1, 1, D("0.050000"), 10.0),
+        ("alpha-translator", "translate.detect", "2025-03-01", 1, 1, 0, 0, D("0"), 50.0),
+        ("alpha-translator", "translate.text", "2025-03-01", 2, 0, 15, 25, D("0.3"), 150.0),
+        ("alpha-translator", "translate.text", "2025-03-02", 1, 0, 7, 3, D("0.333333"), 90.0),
+        ("alpha-writer", "write.draft", "2025-03-03", 2, 1, 100, 400, D("1.000003"), 2000.0),
+    ]
+    assert all(r["cost"].as_tuple().exponent == -6 for r in rows)
+    totals = selectors.usage_totals(tenant_ids=[usage.world.tenant_a.pk], start=START, end=END)
+    assert totals == A_TOTALS
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("group_by", [
+    ["tenant"], ["day"], ["capability"], ["agent"], ["day", "agent"],
+    ["tenant", "agent", "capability", "day"], [],
+])
+def test_every_grouping_adds_up_to_the_totals(usage, group_by):
+    rows = report(None, group_by)
+    totals = selectors.usage_totals(tenant_ids=None, start=START, end=END)
+    assert totals["requests"] == 11
+    for metric in ("requests", "errors", "input_tokens", "output_tokens", "cost"):
+        assert sum(r[metric] for r in rows) == totals[metric], metric
+    for row in rows:
+        assert list(row)[: len(group_by)] == group_by
+
+
+@pytest.mark.django_db
+def test_group_by_tenant_and_day(usage):
+    rows = report(None, ["tenant", "day"])
+    assert [(r["tenant"], r["day"], r["requests"], r["cost"]) for r in rows] == [
+        ("alpha", "2025-03-01", 3, D("0.3")),
+        ("alpha", "2025-03-02", 2, D("0.383333")),
+        ("alpha", "2025-03-03", 2, D("1.000003")),
+        ("beta", "2025-03-01", 3, D("28.5")),
+        ("beta", "2025-03-02", 1, D("20")),
+    ]
+    # A capability id is one group across agents and days.
+    by_capability = {r["capability"]: r["requests"] for r in report(None, ["capability"])}
+    assert by_capability == {"(deleted)": 1, "summarise.text": 4, "translate.detect": 1,
+                             "translate.text": 3, "write.draft": 2}
+
+
+@pytest.mark.django_db
+def test_period_is_whole_utc_days_and_unknown_keys_are_refused(usage):
+    one_day = report([usage.world.tenant_a.pk], ["day"], start=END, end=END)
+    assert [(r["day"], r["requests"]) for r in one_day] == [("2025-03-03", 2)]
+    assert report([usage.world.tenant_a.pk], ["day"], start=dt.date(2025, 2, 28),
+                  end=dt.date(2025, 2, 28))[0]["cost"] == D("50")
+    assert report([], ["day"]) == []
+    with pytest.raises(ValueError, match="colour"):
+        report(None, ["colour"])
+
+
+@pytest.mark.django_db
+def test_allocation_costs_and_shares_add_up_exactly(usage):
+    rows = selectors.cost_allocation(start=START, end=END, tenant_ids=None)
+    assert [r["tenant"] for r in rows] == ["beta", "alpha"]
+    total = D("48.5") + A_TOTALS["cost"]
+    assert sum(r["cost"] for r in rows) == total
+    assert sum(r["share"] for r in rows) == D(1)
+    assert rows[1]["share"] == (A_TOTALS["cost"] / total).quantize(D("0.000001"))
+
+
+@pytest.mark.django_db
+def test_allocation_remainder_goes_to_the_largest_share(world):
+    third = factories.tenant(slug="gamma")
+    for tenant, cost in ((world.tenant_a, "1"), (world.tenant_b, "1"), (third, "1.000001")):
+        event(tenant, None, None, at(2), cost=cost)
+    rows = selectors.cost_allocation(start=START, end=END, tenant_ids=None)
+    # 1/3 each rounds to 0.333333 three times: the missing millionth goes to gamma.
+    assert [(r["tenant"], r["share"]) for r in rows] == [
+        ("gamma", D("0.333334")), ("alpha", D("0.333333")), ("beta", D("0.333333")),
+    ]
+    assert sum(r["share"] for r in rows) == 1
+    assert sum(r["cost"] for r in rows) == D("3.000001")
+
+
+@pytest.mark.django_db
+def test_allocation_without_cost_has_zero_shares(world):
+    event(world.tenant_a, None, None, at(2))
+    rows = selectors.cost_allocation(start=START, end=END, tenant_ids=None)
+    assert [(r["tenant"], r["cost"], r["share"]) for r in rows] == [("alpha", 0, 0)]
+    assert selectors.cost_allocation(start=START, end=END, tenant_ids=[]) == []
+
+
+# ---- REST ------------------------------------------------------------------------------
+
+
+def alpha_key(world):
+    return key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+
+
+@pytest.fixture(params=["key", "staff"])
+def alpha_client(request, world, api):
+    """Tenant A's API key, or A's viewer logged in: both read only tenant A."""
+    if request.param == "key":
+        return alpha_key(world)
+    api.force_login(world.member)
+    return api
+
+
+def rest_report(client, **params):
+    response = client.get("/api/v1/usage/report/", {**PERIOD, **params})
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+@pytest.mark.django_db
+def test_rest_report_matches_the_selector(usage, alpha_client):
+    body = rest_report(alpha_client)
+    assert body["start"] == "2025-03-01" and body["end"] == "2025-03-03"
+    assert body["group_by"] == ["agent", "capability", "day"]
+    assert len(body["rows"]) == 5
+    first = body["rows"][2]
+    assert first == {
+        "agent": "alpha-translator", "capability": "translate.text", "day": "2025-03-01",
+        "requests": 2, "errors": 0, "input_tokens": 15, "output_tokens": 25,
+        "cost": "0.300000", "latency_ms_avg": 150.0,
+    }
+    assert body["totals"] == {**A_TOTALS, "cost": "1.683336"}
+
+
+@pytest.mark.django_db
+def test_tenant_a_never_sees_tenant_b(usage, alpha_client):
+    body = rest_report(alpha_client, group_by="tenant,agent,capability")
+    assert {row["tenant"] for row in body["rows"]} == {"alpha"}
+    assert "beta" not in str(body) and "summarise" not in str(body)
+    assert body["totals"]["cost"] == "1.683336"
+    csv_text = alpha_client.get("/api/v1/usage/report.csv",
+                                {**PERIOD, "group_by": "tenant"}).content.decode()
+    assert "beta" not in csv_text and "alpha" in csv_text
+    allocation = alpha_client.get("/api/v1/usage/allocation/", PERIOD).json()
+    assert allocation["tenants"] == [
+        {"tenant": "alpha", "requests": 7, "cost": "1.683336", "share": "1.000000"}
+    ]
+    assert allocation["total_cost"] == "1.683336"
+
+
+@pytest.mark.django_db
+def test_another_tenant_by_name_is_not_found(usage, alpha_client):
+    for url in ("/api/v1/usage/report/", "/api/v1/usage/report.csv",
+                "/api/v1/usage/allocation/"):
+        for slug in ("beta", "no-such-tenant"):
+            response = alpha_client.get(url, {**PERIOD, "tenant": slug})
+            assert response.status_code == 404, (url, slug)
+            assert response["Content-Type"].startswith("application/json")
+            assert response.json()["error"]["code"] == "not_found"
+    own = rest_report(alpha_client, tenant="alpha", group_by="tenant")
+    assert [row["tenant"] for row in own["rows"]] == ["alpha"]
+
+
+@pytest.mark.django_db
+def test_superuser_reads_every_tenant_and_can_narrow_to_one(usage, api):
+    api.force_login(usage.world.superuser)
+    body = rest_report(api, group_by="tenant")
+    assert [(r["tenant"], r["requests"], r["cost"]) for r in body["rows"]] == [
+        ("alpha", 7, "1.683336"), ("beta", 4, "48.500000"),
+    ]
+    beta = rest_report(api, group_by="agent", tenant="beta")
+    assert [(r["agent"], r["errors"]) for r in beta["rows"]] == [("beta-summariser", 1)]
+    allocation = api.get("/api/v1/usage/allocation/", PERIOD).json()
+    assert allocation["total_cost"] == "50.183336"
+    shares = [D(row["share"]) for row in allocation["tenants"]]
+    assert sum(shares) == 1
+    assert sum(D(row["cost"]) for row in allocation["tenants"]) == D("50.183336")
+
+
+def parse_csv(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("group_by", ["agent,capability,day", "day,tenant", "capability"])
+def test_csv_has_the_json_rows_and_numbers(usage, api, group_by):
+    api.force_login(usage.world.superuser)
+    body = rest_report(api, group_by=group_by)
+    response = api.get("/api/v1/usage/report.csv", {**PERIOD, "group_by": group_by})
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/csv")
+    assert "attachment" in response["Content-Disposition"]
+    text = response.content.decode()
+    header = text.splitlines()[0].split(",")
+    keys = group_by.split(",")
+    assert header == [*keys, "requests", "errors", "input_tokens", "output_tokens", "cost",
+                      "latency_ms_avg"]
+    expected = [{column: str(row[column]) for column in header} for row in body["rows"]]
+    assert parse_csv(text) == expected
+    assert sum(D(row["cost"]) for row in parse_csv(text)) == D(body["totals"]["cost"])
+
+
+@pytest.mark.django_db
+def test_csv_honours_accept_text_csv(usage, world):
+    client = alpha_key(world)
+    response = client.get("/api/v1/usage/report.csv", PERIOD, HTTP_ACCEPT="text/csv")
+    assert response.status_code == 200
+    assert len(parse_csv(response.content.decode())) == 5
+
+
+@pytest.mark.django_db
+def test_defaults_are_month_to_date(world):
+    today = timezone.now().astimezone(dt.UTC).date()
+    event(world.tenant_a, world.agent_a, None, timezone.now(), cost="0.25")
+    body = alpha_key(world).get("/api/v1/usage/report/").json()
+    assert body["start"] == today.replace(day=1).isoformat()
+    assert body["end"] == today.isoformat()
+    assert body["group_by"] == ["agent", "capability", "day"]
+    assert body["totals"]["cost"] == "0.250000"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("params", "field"), [
+    ({"start": "2025-13-01"}, "start"),
+    ({"end": "yesterday"}, "end"),
+    ({"start": "2025-03-05", "end": "2025-03-01"}, "start"),
+    ({"start": "2024-01-01", "end": "2025-01-01"}, "end"),  # 367 days
+    ({"group_by": "agent,colour"}, "group_by"),
+    ({"group_by": ""}, "group_by"),
+    ({"tenant": "not a slug!"}, "tenant"),
+])
+def test_bad_query_parameters_are_structured_400s(world, params, field):
+    client = alpha_key(world)
+    for url in ("/api/v1/usage/report/", "/api/v1/usage/report.csv"):
+        response = client.get(url, params)
+        assert response.status_code == 400, (url, response.content)
+        assert response["Content-Type"].startswith("application/json")
+        error = response.json()["error"]
+        assert error["code"] == "invalid_input"
+        assert field in error["details"], error
+        assert error["request_id"]
+
+
+@pytest.mark.django_db
+def test_a_full_leap_year_is_allowed(world):
+    response = alpha_key(world).get(
+        "/api/v1/usage/report/", {"start": "2024-01-01", "end": "2024-12-31"}
+    )
+    assert response.status_code == 200
+
+
+@pytest.mark.django_db
+def test_reports_need_a_readable_tenant(world, api):
+    assert api.get("/api/v1/usage/report/").status_code == 401
+    invoke_only = factories.api_key(tenant=world.tenant_a, scopes=["invoke"])
+    response = key_client(invoke_only.plaintext).get("/api/v1/usage/allocation/")
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "forbidden"
+
+
+# ---- admin -----------------------------------------------------------------------------
+
+REPORT_URL = "/admin/metering/usagedaily/report/"
+
+
+def page(client, **params):
+    response = client.get(REPORT_URL, params)
+    assert response.status_code == 200
+    return response, response.content.decode()
+
+
+@pytest.mark.django_db
+def test_admin_report_for_tenant_staff_shows_only_their_tenant(usage, client):
+    assert reverse("admin:metering_usagedaily_report") == REPORT_URL
+    client.force_login(usage.world.owner)
+    response, html = page(client, **PERIOD)
+    # The chart is inline SVG; nothing is loaded from elsewhere.
+    assert '<svg class="reach-chart"' in html and html.count('<rect class="bar"') == 3
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "alpha-translator" in html and "alpha-writer" in html
+    for leak in ("beta", "summarise", "48.5", "9.5"):
+        assert leak not in html, leak
+    report_ctx = response.context["report"]
+    assert report_ctx["totals"] == A_TOTALS
+    assert len(report_ctx["chart"].bars) == 3
+    assert [r["tenant"] for r in report_ctx["allocation"]] == ["alpha"]
+    # The tenant filter offers only the user's tenants.
+    options = re.findall(r'<option value="([^"]*)"', html)
+    assert options == ["", "alpha"]
+
+    csv_url = unescape(re.search(r'href="([^"]*report\.csv[^"]*)"', html).group(1))
+    exported = client.get(csv_url)
+    assert exported.status_code == 200
+    rows = parse_csv(exported.content.decode())
+    assert len(rows) == len(report_ctx["rows"]) == 5
+    assert {row["agent"] for row in rows} == {"(deleted)", "alpha-translator", "alpha-writer"}
+    assert sum(D(row["cost"]) for row in rows) == A_TOTALS["cost"]
+
+
+@pytest.mark.django_db
+def test_admin_report_refuses_another_tenant_in_the_filter(usage, client):
+    client.force_login(usage.world.owner)
+    response, html = page(client, **PERIOD, tenant="beta")
+    assert response.context["report"] is None
+    assert "errorlist" in html and "summarise" not in html
+
+
+@pytest.mark.django_db
+def test_admin_report_rejects_bad_periods(usage, client):
+    client.force_login(usage.world.owner)
+    response, html = page(client, start="2025-03-05", end="2025-03-01")
+    assert response.context["report"] is None
+    assert "Must be on or before end." in html
+
+
+@pytest.mark.django_db
+def test_admin_report_defaults_to_month_to_date(world, client):
+    event(world.tenant_a, world.agent_a, None, timezone.now(), cost="0.25")
+    client.force_login(world.member)
+    response, _ = page(client)
+    today = timezone.now().astimezone(dt.UTC).date()
+    assert response.context["report"]["start"] == today.replace(day=1)
+    assert response.context["report"]["totals"]["cost"] == D("0.25")
+
+
+@pytest.mark.django_db
+def test_superuser_sees_both_tenants_in_the_admin_report(usage, client):
+    client.force_login(usage.world.superuser)
+    response, html = page(client, **PERIOD)
+    assert "alpha-translator" in html and "beta-summariser" in html
+    assert response.context["report"]["group_by"][0] == "tenant"
+    allocation = response.context["report"]["allocation"]
+    assert sum(row["share"] for row in allocation) == 1
+    narrowed, html = page(client, **PERIOD, tenant="beta")
+    assert "alpha-translator" not in html
+    assert narrowed.context["report"]["totals"]["cost"] == D("48.5")
+
+
+@pytest.mark.django_db
+def test_admin_report_needs_staff_with_a_tenant(world, client, django_user_model):
+    assert client.get(REPORT_URL).status_code == 302  # anonymous: to the login page
+    lonely = factories.staff_user(username="lonely")  # staff, but member of no tenant
+    client.force_login(lonely)
+    assert client.get(REPORT_URL).status_code == 403
+    customer = django_user_model.objects.create_user("customer", password="pw")
+    client.force_login(customer)
+    response = client.get(REPORT_URL)
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+@pytest.mark.django_db
+def test_changelist_links_to_the_report(world, client):
+    client.force_login(world.owner)
+    html = client.get(reverse("admin:metering_usagedaily_changelist")).content.decode()
+    assert f'href="{REPORT_URL}"' in html
+    assert "beta" not in html  # the tenant filter lists only the user's tenants
+
+
+@pytest.mark.django_db
+def test_budget_alerts_are_listed_read_only_per_tenant(world, client):
+    month = dt.date(2025, 3, 1)
+    mine = BudgetAlert.objects.create(tenant=world.tenant_a, month=month, metric="cost",
+                                      used=D("80.5"), budget=D("100"))
+    theirs = BudgetAlert.objects.create(tenant=world.tenant_b, month=month, metric="requests",
+                                        used=D("9000"), budget=D("10000"))
+    client.force_login(world.owner)
+    listing = client.get(reverse("admin:metering_budgetalert_changelist"))
+    assert listing.status_code == 200
+    html = listing.content.decode()
+    assert "80.5 / 100 (80%)" in html and "2025-03" in html
+    assert "9000" not in html
+    assert client.get(reverse("admin:metering_budgetalert_change", args=[theirs.pk])
+                      ).status_code == 403
+    assert client.get(reverse("admin:metering_budgetalert_change", args=[mine.pk])
+                      ).status_code == 200
+    assert client.get(reverse("admin:metering_budgetalert_add")).status_code == 403
