@@ -34,10 +34,12 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this folder comes first on sys.path, and bench/routing.py
+# would shadow the routing package: put the project first, bench/ nowhere.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from upstream_clients import free_port, parse_wrk  # noqa: E402
+from bench.upstream_clients import free_port, parse_wrk  # noqa: E402
 
 HOST = "127.0.0.1"
 ECHO = b'{"reply":"hello from the mock agent","tokens":{"in":3,"out":5}}'
@@ -159,8 +161,8 @@ def main() -> None:
     # The run command's server settings: behind a balancer, no proxy-header rewriting.
     uvicorn = [sys.executable, "-m", "uvicorn", "--host", HOST, "--log-level", "warning",
                "--no-access-log", "--no-proxy-headers", "--no-server-header"]
-    agent = subprocess.Popen([*uvicorn, "--port", str(agent_port), "gateway_overhead:agent_app"],
-                             cwd=ROOT / "bench", env=env)
+    agent = subprocess.Popen([*uvicorn, "--port", str(agent_port),
+                              "bench.gateway_overhead:agent_app"], cwd=ROOT, env=env)
     gateway = None
     try:
         wait_port(agent_port, agent, "mock agent")

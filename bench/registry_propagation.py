@@ -31,6 +31,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this folder comes first on sys.path, and bench/routing.py
+# would shadow the routing package: put the project first, bench/ nowhere.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 

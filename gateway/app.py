@@ -69,12 +69,13 @@ class GatewayApp:
     def __init__(self, *, table: Callable[[], RouteTable], router: Router,
                  config: GatewayConfig, breakers: CircuitBreakers | None = None,
                  usage: UsageQueue | None = None, idempotency_store=None,
-                 governor: Governor | None = None) -> None:
+                 governor: Governor | None = None, governed: bool = True) -> None:
         self._table = table
+        # Off only to measure what limits and metering cost (bench/metering.py).
+        self.governed = governed
         self.governor = governor or Governor(
             limiter=InProcessLimiter(), counters=MemoryUsageCounters(),
             on_degraded=LIMITS_DEGRADED.inc)
-        self._pending: set[asyncio.Task] = set()
         self.idempotency = idempotency_store or idempotency.MemoryStore()
         # Coroutines to run for the process's lifetime (usage shipping), started with
         # the first request: uvicorn may run without the lifespan protocol.
@@ -98,7 +99,8 @@ class GatewayApp:
         if scope["type"] != "http":
             return
         if self._tasks is None:
-            self._tasks = [asyncio.ensure_future(job()) for job in self.background]
+            self._tasks = [asyncio.ensure_future(job()) for job in
+                           (*self.background, self.governor.flush_forever)]
         request_id = requestid.accept_or_new(header(scope, b"x-request-id"))
         path, method = scope["path"].rstrip("/"), scope["method"]
         started = time.monotonic()
@@ -307,7 +309,8 @@ class GatewayApp:
         async def call() -> dict:
             candidate, agent_payload, ctx = self.begin(scope, table, route, payload,
                                                        request_id, key.tenant_pk)
-            await self.governor.admit(table, key.tenant_pk, candidate)
+            if self.governed:
+                await self.governor.admit(table, key.tenant_pk, candidate)
             route_ms = (time.monotonic() - ctx.started) * 1000
             upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
                                               stream=False)
@@ -319,7 +322,8 @@ class GatewayApp:
         if stream:
             candidate, agent_payload, ctx = self.begin(scope, table, route, payload,
                                                        request_id, key.tenant_pk)
-            await self.governor.admit(table, key.tenant_pk, candidate)
+            if self.governed:
+                await self.governor.admit(table, key.tenant_pk, candidate)
             upstream = await self.caller.open(table, route, candidate, agent_payload, ctx,
                                               stream=True)
             await self.relay(scope, receive, send, upstream, ctx, openai_passthrough=True)
@@ -352,15 +356,13 @@ class GatewayApp:
 
     def emit_usage(self, ctx: CallContext, candidate: Candidate | None, outcome: str,
                    input_tokens: int = 0, output_tokens: int = 0) -> None:
+        if not self.governed:
+            return
         TOKENS_IN.inc(input_tokens)
         TOKENS_OUT.inc(output_tokens)
         if candidate is not None:
-            # Budget counters: off the call's path; a lost increment under-counts by one.
-            task = asyncio.ensure_future(self.governor.record(
-                ctx.tenant_pk, candidate, tokens=input_tokens + output_tokens,
-                cost=cost(candidate, input_tokens, output_tokens)))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self.governor.record(ctx.tenant_pk, candidate, tokens=input_tokens + output_tokens,
+                                 cost=cost(candidate, input_tokens, output_tokens))
         self.usage.emit({
             "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
             "agent": candidate.agent.pk if candidate else None,

@@ -89,7 +89,8 @@ async def completions(app, scope, receive, send, request_id: str) -> None:
         payload = {"text": _last_user_text(messages)}
     candidate, agent_payload, ctx = app.begin(scope, table, route, payload, request_id,
                                               key.tenant_pk)
-    await app.governor.admit(table, key.tenant_pk, candidate)
+    if app.governed:
+        await app.governor.admit(table, key.tenant_pk, candidate)
     if candidate.agent.protocol == "openai":
         upstream = await app.caller.open(table, route, candidate, agent_payload, ctx,
                                          stream=stream)

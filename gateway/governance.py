@@ -130,16 +130,44 @@ class RedisUsageCounters:
 
 
 class Governor:
+    """Admits calls (limits, budgets) and counts what they used.
+
+    Budget counters are read at most once a second per scope and written in
+    batches every 100 ms: a monthly budget may be overshot by a second's worth
+    of calls, and the per-call cost stays one Redis round trip (the rate limit).
+    """
+
+    READ_EVERY_S = 1.0
+    FLUSH_EVERY_S = 0.1
+
     def __init__(self, *, limiter, counters, on_degraded=None) -> None:
         self.limiter = limiter
         self.counters = counters
         self._on_degraded = on_degraded
+        self._seen: dict[str, tuple[float, dict]] = {}
+        self._unflushed: dict[str, list[int | float]] = {}
+
+    async def _used(self, scope: str) -> dict:
+        now = time.monotonic()
+        cached = self._seen.get(scope)
+        if cached and now - cached[0] < self.READ_EVERY_S:
+            used = dict(cached[1])
+        else:
+            used = await self.counters.get(scope)
+            self._seen[scope] = (now, used)
+            used = dict(used)
+        pending = self._unflushed.get(scope)
+        if pending:  # this process's calls not yet written
+            used["requests"] = used.get("requests", 0) + pending[0]
+            used["tokens"] = used.get("tokens", 0) + pending[1]
+            used["cost"] = used.get("cost", 0) + round(pending[2] * COST_SCALE)
+        return used
 
     async def admit(self, table: RouteTable, tenant_pk: int, candidate: Candidate) -> None:
         """Raise ``rate_limited`` or ``quota_exceeded``, or return to let the call go."""
         for quota in budgets_for(table, tenant_pk, candidate):
             try:
-                used = await self.counters.get(quota_scope(quota))
+                used = await self._used(quota_scope(quota))
             except Exception:  # counters unreachable: budgets are not worth an outage
                 if self._on_degraded:
                     self._on_degraded()
@@ -157,11 +185,33 @@ class Governor:
             error.retry_after = max(1, math.ceil(verdict.retry_after_s))
             raise error
 
-    async def record(self, tenant_pk: int, candidate: Candidate, *, tokens: int,
-                     cost: float) -> None:
-        try:
-            await self.counters.add(usage_scopes(tenant_pk, candidate), requests=1,
-                                    tokens=tokens, cost=cost)
-        except Exception:
-            if self._on_degraded:
-                self._on_degraded()
+    def record(self, tenant_pk: int, candidate: Candidate, *, tokens: int,
+               cost: float) -> None:
+        """Count one call; written by ``flush_forever``. Never blocks, never raises."""
+        for scope in usage_scopes(tenant_pk, candidate):
+            pending = self._unflushed.setdefault(scope, [0, 0, 0.0])
+            pending[0] += 1
+            pending[1] += tokens
+            pending[2] += cost
+
+    async def flush(self) -> None:
+        batch, self._unflushed = self._unflushed, {}
+        for scope, (requests, tokens, cost) in batch.items():
+            try:
+                await self.counters.add([scope], requests=requests, tokens=tokens, cost=cost)
+            except Exception:
+                if self._on_degraded:
+                    self._on_degraded()
+                # Keep them for the next flush rather than under-count a budget.
+                again = self._unflushed.setdefault(scope, [0, 0, 0.0])
+                again[0] += requests
+                again[1] += tokens
+                again[2] += cost
+
+    async def flush_forever(self) -> None:
+        import asyncio
+
+        while True:
+            await asyncio.sleep(self.FLUSH_EVERY_S)
+            if self._unflushed:
+                await self.flush()

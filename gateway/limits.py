@@ -210,3 +210,51 @@ class RedisLimiter:
                 log.exception("rate limiter on_degraded hook failed")
         return Verdict(allowed=self._fail_open, retry_after_s=0.0 if self._fail_open else 1.0,
                        limit_key=None, degraded=True)
+
+
+class LeasingLimiter:
+    """Spends shared tokens locally, taken from the shared buckets in small leases.
+
+    A call checks the shared buckets (one Redis round trip) only when this process
+    holds no lease covering all its limits. A lease is at most ``share`` of a
+    bucket's burst and ``horizon_s`` of its rate (and ``max_lease`` tokens), and
+    expires after ``horizon_s``: a tight limit (10/s, burst 10) leases one token at
+    a time and behaves exactly like ``RedisLimiter``; a generous one costs a round
+    trip per lease instead of per call. Unspent leased tokens are lost when a lease
+    expires, which can only make a limit slightly stricter, never looser.
+    """
+
+    def __init__(self, inner: RedisLimiter, *, share: float = 0.1, horizon_s: float = 0.1,
+                 max_lease: int = 1000, clock: Callable[[], float] = time.monotonic) -> None:
+        self._inner = inner
+        self._share = share
+        self._horizon = horizon_s
+        self._max_lease = max_lease
+        self._clock = clock
+        self._leases: dict[str, tuple[float, float]] = {}  # key -> (tokens, expires_at)
+
+    def _lease_size(self, limit: Limit) -> int:
+        return max(1, min(self._max_lease, int(limit.burst * self._share),
+                          int(limit.rate_per_s * self._horizon)))
+
+    async def check(self, limits: Sequence[Limit], cost: int = 1) -> Verdict:
+        if not limits:
+            return ALLOWED
+        now = self._clock()
+        held = [self._leases.get(limit.key) for limit in limits]
+        if all(h is not None and h[1] > now and h[0] >= cost for h in held):
+            for limit, (tokens, expires) in zip(limits, held, strict=True):
+                self._leases[limit.key] = (tokens - cost, expires)
+            return ALLOWED
+        size = max(cost, min(self._lease_size(limit) for limit in limits))
+        verdict = await self._inner.check(limits, cost=size) if size > cost else None
+        if verdict is None or (not verdict.allowed and not verdict.degraded):
+            size = cost  # not enough for a whole lease: ask for just this call
+            verdict = await self._inner.check(limits, cost=cost)
+        if verdict.allowed and not verdict.degraded:
+            expires = now + self._horizon
+            for limit in limits:
+                self._leases[limit.key] = (size - cost, expires)
+            if len(self._leases) > 100_000:
+                self._leases = {k: v for k, v in self._leases.items() if v[1] > now}
+        return verdict

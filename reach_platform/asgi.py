@@ -47,6 +47,7 @@ gateway_application = GatewayApp(
         min_volume=settings.GATEWAY_BREAKER_MIN_VOLUME,
         cooldown_seconds=settings.GATEWAY_BREAKER_COOLDOWN_S,
     ),
+    governed=settings.GATEWAY_GOVERNED,
 )
 if settings.REDIS_URL:
     # Shared by every gateway process: idempotency records, usage stream.
@@ -59,13 +60,13 @@ if settings.REDIS_URL:
                                      socket_connect_timeout=1)
     gateway_application.idempotency = RedisStore(_redis, settings.REDIS_KEY_PREFIX)
     from gateway.governance import Governor, RedisUsageCounters
-    from gateway.limits import RedisLimiter
+    from gateway.limits import LeasingLimiter, RedisLimiter
     from gateway.metrics import LIMITS_DEGRADED
 
     gateway_application.governor = Governor(
-        limiter=RedisLimiter(_redis, prefix=settings.REDIS_KEY_PREFIX,
-                             fail_open=settings.RATE_LIMIT_FAIL_OPEN,
-                             on_degraded=LIMITS_DEGRADED.inc),
+        limiter=LeasingLimiter(RedisLimiter(_redis, prefix=settings.REDIS_KEY_PREFIX,
+                                            fail_open=settings.RATE_LIMIT_FAIL_OPEN,
+                                            on_degraded=LIMITS_DEGRADED.inc)),
         counters=RedisUsageCounters(_redis, settings.REDIS_KEY_PREFIX),
         on_degraded=LIMITS_DEGRADED.inc,
     )

@@ -256,3 +256,42 @@ def test_any_redis_failure_degrades(exc: BaseException) -> None:
                        on_degraded=broken_hook)
     verdict = asyncio.run(lim.check([Limit("tenant:7", 1, 1)]))
     assert verdict == Verdict(False, 1.0, None, degraded=True)
+
+
+# --- leasing ------------------------------------------------------------------------------
+
+
+class CountingLimiter:
+    """A RedisLimiter that counts its round trips."""
+
+    def __init__(self, inner: RedisLimiter) -> None:
+        self.inner, self.calls = inner, 0
+
+    async def check(self, limits, cost: int = 1):
+        self.calls += 1
+        return await self.inner.check(limits, cost)
+
+
+def test_leasing_keeps_a_tight_limit_exact(prefix: str) -> None:
+    from gateway.limits import LeasingLimiter
+
+    async def body(a: RedisLimiter, b: RedisLimiter) -> None:
+        limits = [Limit("tight", rate_per_s=0.01, burst=10)]
+        first, second = LeasingLimiter(a), LeasingLimiter(b)
+        allowed = await count_allowed(first, limits, 6) + await count_allowed(second, limits)
+        assert allowed == 10  # two "processes", one burst of 10: leases of one token
+
+    with_limiters(2, prefix, body)
+
+
+def test_leasing_turns_round_trips_per_call_into_round_trips_per_lease(prefix: str) -> None:
+    from gateway.limits import LeasingLimiter
+
+    async def body(client_limiter: RedisLimiter) -> None:
+        counting = CountingLimiter(client_limiter)
+        leasing = LeasingLimiter(counting, clock=lambda: 0.0)  # leases never expire here
+        limits = [Limit("generous", rate_per_s=100_000, burst=100_000)]
+        assert await count_allowed(leasing, limits, 5000) == 5000
+        assert counting.calls == 5  # leases of 1,000 tokens
+
+    with_limiters(1, prefix, body)

@@ -78,7 +78,8 @@ def test_two_gateway_processes_share_a_ten_per_second_limit(gateway, tmp_path):
 
 @needs_redis
 def test_calls_continue_fail_open_while_redis_is_stopped(gateway):
-    Quota.objects.create(tenant=gateway.tenant, requests_per_minute=6000, burst=100)
+    # Burst 10: leases of one token, so every call asks Redis.
+    Quota.objects.create(tenant=gateway.tenant, requests_per_minute=6000, burst=10)
     body = {"capability": "echo.all", "input": {}}
     with gateway.client() as client:
         assert client.post("/v1/invoke", json=body).status_code == 200
