@@ -52,6 +52,8 @@ admin.site.index_title = "Operations console"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/agents/register", AgentRegisterView.as_view(), name="agent-register"),
+    # The usage API's root lists usage events, newest first (as /usage/events/ does).
+    path("api/v1/usage/", UsageEventViewSet.as_view({"get": "list"}), name="usage-root"),
     path("api/v1/usage/report/", UsageReportView.as_view(), name="usage-report"),
     path("api/v1/usage/report.csv", UsageReportCSVView.as_view(), name="usage-report-csv"),
     path("api/v1/usage/allocation/", UsageAllocationView.as_view(), name="usage-allocation"),

@@ -463,3 +463,18 @@ def test_budget_alerts_are_listed_read_only_per_tenant(world, client):
     assert client.get(reverse("admin:metering_budgetalert_change", args=[mine.pk])
                       ).status_code == 200
     assert client.get(reverse("admin:metering_budgetalert_add")).status_code == 403
+
+
+def test_the_usage_root_lists_the_callers_events(world):
+    from django.utils import timezone
+
+    from metering.models import UsageEvent
+    from tests.conftest import key_client
+
+    UsageEvent.objects.create(request_id="root-a", tenant=world.tenant_a, outcome="success",
+                              occurred_at=timezone.now())
+    UsageEvent.objects.create(request_id="root-b", tenant=world.tenant_b, outcome="success",
+                              occurred_at=timezone.now())
+    body = key_client(factories.api_key(tenant=world.tenant_a).plaintext).get(
+        "/api/v1/usage/").json()
+    assert [e["request_id"] for e in body["results"]] == ["root-a"]
