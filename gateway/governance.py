@@ -146,6 +146,23 @@ class Governor:
         self._on_degraded = on_degraded
         self._seen: dict[str, tuple[float, dict]] = {}
         self._unflushed: dict[str, list[int | float]] = {}
+        # What applies to (tenant, agent, capability), per quota set of the table:
+        # the same few answers for every call, so computed once.
+        self._rules_for: object = None
+        self._rules: dict[tuple[int, int, int], tuple] = {}
+
+    def _applicable(self, table: RouteTable, tenant_pk: int, candidate: Candidate):
+        if self._rules_for is not table.quotas_by_tenant:
+            self._rules, self._rules_for = {}, table.quotas_by_tenant
+        key = (tenant_pk, candidate.agent.pk, candidate.capability.pk)
+        rules = self._rules.get(key)
+        if rules is None or rules[2] is not candidate.capability:
+            rules = (budgets_for(table, tenant_pk, candidate),
+                     limits_for(table, tenant_pk, candidate), candidate.capability)
+            if len(self._rules) > 100_000:
+                self._rules.clear()
+            self._rules[key] = rules
+        return rules[0], rules[1]
 
     async def _used(self, scope: str) -> dict:
         now = time.monotonic()
@@ -165,7 +182,8 @@ class Governor:
 
     async def admit(self, table: RouteTable, tenant_pk: int, candidate: Candidate) -> None:
         """Raise ``rate_limited`` or ``quota_exceeded``, or return to let the call go."""
-        for quota in budgets_for(table, tenant_pk, candidate):
+        budgets, limits = self._applicable(table, tenant_pk, candidate)
+        for quota in budgets:
             try:
                 used = await self._used(quota_scope(quota))
             except Exception:  # counters unreachable: budgets are not worth an outage
@@ -175,7 +193,6 @@ class Governor:
             reason = over_budget(quota, used)
             if reason:
                 raise GatewayError("quota_exceeded", f"The tenant's {reason}.")
-        limits = limits_for(table, tenant_pk, candidate)
         if not limits:
             return
         verdict = await self.limiter.check(limits)

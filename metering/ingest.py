@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 GROUP = "metering"
 FIELD = b"e"
+# The gateway ships events in batches: one entry, a JSON list, per batch.
+BATCH_FIELD = b"b"
 # An entry another consumer has held unacknowledged this long belongs to a dead
 # consumer: far longer than storing one batch takes.
 CLAIM_IDLE_MS = 60_000
@@ -269,9 +271,16 @@ def _batch_store(client: redis.Redis, stream: str, entries: Sequence[StreamEntry
         # None: the entry was deleted while pending; it is acknowledged below.
         if not fields:
             continue
+        batch = fields.get(BATCH_FIELD, fields.get(BATCH_FIELD.decode()))
         raw = fields.get(FIELD, fields.get(FIELD.decode()))
         try:
-            events.append(orjson.loads(raw))
+            if batch is not None:
+                decoded = orjson.loads(batch)
+                if not isinstance(decoded, list):
+                    raise TypeError("a batch entry holds a list")
+                events.extend(decoded)
+            else:
+                events.append(orjson.loads(raw))
         except (orjson.JSONDecodeError, TypeError):
             undecodable += 1
     if undecodable:

@@ -290,3 +290,23 @@ def test_max_batches_bounds_one_call(transactional_db, stream):
     assert usage_stream_consume(client=stream, consumer="c1", batch=30, block_ms=0,
                                 max_batches=2) == 60
     assert usage_stream_consume(client=stream, consumer="c1", batch=30, block_ms=0) == 40
+
+
+def test_a_batch_entry_from_the_gateway_is_stored_event_by_event(world):
+    """The gateway ships up to a hundred events per stream entry (field ``b``)."""
+    import orjson
+
+    from metering.ingest import _batch_store
+
+    class NoRedis:
+        def pipeline(self, transaction=True):
+            raise AssertionError("acknowledging is not reached inside the test transaction")
+
+    events = [{"request_id": f"batch-{n}", "tenant": world.tenant_a.pk, "agent": None,
+               "capability": None, "instance": None, "outcome": "success",
+               "input_tokens": n, "output_tokens": 1, "cost": 0.0, "latency_ms": 1,
+               "occurred_at": 1_764_000_000.0} for n in range(3)]
+    stored = _batch_store(NoRedis(), "s", [(b"1-0", {b"b": orjson.dumps(events)}),
+                                           (b"2-0", {b"b": b"not json"})])
+    assert stored == 3
+    assert UsageEvent.objects.filter(request_id__startswith="batch-").count() == 3
