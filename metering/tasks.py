@@ -27,21 +27,26 @@ def _redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
 
 
-def _consumer_name() -> str:
-    # Per process: a pool's children must not share (and steal) each other's pending entries.
-    return f"{socket.gethostname()}-{os.getpid()}"
+def _consumer_name(node: str | None) -> str:
+    # The worker's node name ("metering@host") survives a restart, so a restarted worker
+    # re-reads what it held at once instead of waiting for the idle takeover. Prefork
+    # children of one node share it: they may read each other's pending entries, which
+    # costs a duplicate delivery, never a duplicate row.
+    return node or f"{socket.gethostname()}-{os.getpid()}"
 
 
 # acks_late: a worker killed mid-task leaves the message to be redelivered, like
 # the stream entries it held. expires: beat queues one per second; when workers
 # were away those pile up, and stale ones are dropped instead of run.
-@shared_task(name="metering.consume_usage", ignore_result=True, acks_late=True, expires=30)
-def consume_usage(*, batch: int = 500, block_ms: int = 1000, max_batches: int = _MAX_BATCHES,
-                  claim_idle_ms: int = CLAIM_IDLE_MS) -> int:
+@shared_task(name="metering.consume_usage", ignore_result=True, acks_late=True, expires=30,
+             bind=True)
+def consume_usage(self, *, batch: int = 500, block_ms: int = 1000,
+                  max_batches: int = _MAX_BATCHES, claim_idle_ms: int = CLAIM_IDLE_MS) -> int:
     if not settings.REDIS_URL:
         return 0  # embedded mode: the gateway's queue is drained in-process
     return usage_stream_consume(
-        client=_redis(settings.REDIS_URL), consumer=_consumer_name(), batch=batch,
+        client=_redis(settings.REDIS_URL), consumer=_consumer_name(self.request.hostname),
+        batch=batch,
         block_ms=block_ms, max_batches=max_batches, claim_idle_ms=claim_idle_ms,
     )
 
