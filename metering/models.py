@@ -45,14 +45,13 @@ class UsageEvent(models.Model):
         return self.request_id
 
 
-class UsageDaily(models.Model):
-    """Per tenant x agent x capability x day totals, rebuilt from ``UsageEvent``."""
+class UsageTotals(models.Model):
+    """Totals per tenant x agent x capability over a period, rebuilt from ``UsageEvent``."""
 
     tenant_path = "tenant_id"
 
-    day = models.DateField()
     tenant = models.ForeignKey(
-        "tenants.Tenant", on_delete=models.PROTECT, related_name="usage_daily"
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="%(class)s_rows"
     )
     # No database constraint: a rollup row outlives its agent with the agent's id
     # (reports show it as deleted). SET_NULL could merge two rows of one period
@@ -75,6 +74,13 @@ class UsageDaily(models.Model):
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
+        abstract = True
+
+
+class UsageDaily(UsageTotals):
+    day = models.DateField()
+
+    class Meta:
         ordering = ["-day"]
         verbose_name = "daily usage"
         verbose_name_plural = "daily usage"
@@ -89,34 +95,8 @@ class UsageDaily(models.Model):
         return f"{self.day} {self.tenant_id}"
 
 
-class UsageHourly(models.Model):
-    """Per tenant x agent x capability x hour totals, rebuilt from ``UsageEvent``."""
-
-    tenant_path = "tenant_id"
-
+class UsageHourly(UsageTotals):
     hour = models.DateTimeField()
-    tenant = models.ForeignKey(
-        "tenants.Tenant", on_delete=models.PROTECT, related_name="usage_hourly"
-    )
-    # No database constraint: a rollup row outlives its agent with the agent's id
-    # (reports show it as deleted). SET_NULL could merge two rows of one period
-    # into one key and break the unique constraint, and finance needs the history.
-    agent = models.ForeignKey(
-        "registry.Agent", null=True, blank=True, on_delete=models.DO_NOTHING,
-        db_constraint=False, related_name="+",
-    )
-    capability = models.ForeignKey(
-        "registry.Capability", null=True, blank=True, on_delete=models.DO_NOTHING,
-        db_constraint=False, related_name="+",
-    )
-    requests = models.PositiveBigIntegerField(default=0)
-    errors = models.PositiveBigIntegerField(default=0)
-    input_tokens = models.PositiveBigIntegerField(default=0)
-    output_tokens = models.PositiveBigIntegerField(default=0)
-    cost = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal(0))
-    latency_ms_total = models.PositiveBigIntegerField(default=0)
-
-    objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-hour"]
