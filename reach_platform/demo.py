@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -15,6 +16,10 @@ from tenants.models import ApiKey, Membership, Tenant
 from tenants.services import api_key_create
 
 DEMO_TENANT = "demo"
+DEMO_PRICES = {
+    "demo-chat": {"price_input_per_1k": "0.5", "price_output_per_1k": "1.5"},
+    "demo-translator": {"price_per_call": "0.002"},
+}
 DEMO_KEY_NAME = "demo (printed by the run command)"
 ADMIN_USERNAME = "admin"
 
@@ -74,6 +79,10 @@ def demo_agents_register(*, tenant: Tenant, agents) -> list[int]:
                                 agent__name=spec.name).exclude(
             endpoint=spec.endpoint).delete()
         registration = agent_register(tenant=tenant, spec=spec)
+        # Prices, so the usage report has costs to allocate (descriptors carry none).
+        for name, value in DEMO_PRICES.get(spec.name, {}).items():
+            setattr(registration.agent, name, Decimal(value))
+        registration.agent.save()
         instances.append(registration.instance.pk)
     return instances
 
