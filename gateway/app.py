@@ -253,14 +253,19 @@ class GatewayApp:
 
     # ---- invoke -------------------------------------------------------------------------
 
-    def begin(self, scope, table: RouteTable, route: RouteRequest, payload: dict,
+    def begin(self, scope, table: RouteTable, route: RouteRequest, payload,
               request_id: str, tenant_pk: int) -> tuple[Candidate, dict, CallContext]:
         """Route, validate and map the input; returns the first candidate, the payload in
-        the agent's names, and the call's context (deadline, retry policy)."""
+        the agent's names, and the call's context (deadline, retry policy).
+
+        ``payload`` is the input, or a function of the chosen candidate returning it
+        (the chat door shapes it by the agent's protocol)."""
         decision = self.router.route(table, route)
         if decision.error:
             raise GatewayError(decision.error, route_message(decision))
         candidate = decision.chosen
+        if callable(payload):
+            payload = payload(candidate)
         capability = candidate.capability
         problems = self.caller.validators.errors(capability.input_schema, payload)
         if problems:

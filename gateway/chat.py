@@ -76,18 +76,13 @@ async def completions(app, scope, receive, send, request_id: str) -> None:
     route = _route(table, key.tenant_pk, body.get("model"), header(scope, b"x-reach-intent"),
                    header(scope, b"x-reach-namespace") or "default",
                    app.config.is_internal((scope.get("client") or (None,))[0]))
-    decision_probe = app.router.route(table, route, pick=False)
-    if decision_probe.error:
-        from gateway.app import route_message
+    def payload_for(candidate) -> dict:
+        # OpenAI agents get the chat request as sent; others the last user message.
+        if candidate.agent.protocol == "openai":
+            return {k: v for k, v in body.items() if k not in ("model", "stream")}
+        return {"text": _last_user_text(messages)}
 
-        raise GatewayError(decision_probe.error, route_message(decision_probe))
-    protocol = decision_probe.candidates[0].agent.protocol if decision_probe.candidates \
-        else "openai"
-    if protocol == "openai":
-        payload = {k: v for k, v in body.items() if k not in ("model", "stream")}
-    else:
-        payload = {"text": _last_user_text(messages)}
-    candidate, agent_payload, ctx = app.begin(scope, table, route, payload, request_id,
+    candidate, agent_payload, ctx = app.begin(scope, table, route, payload_for, request_id,
                                               key.tenant_pk)
     if app.governed:
         await app.governor.admit(table, key.tenant_pk, candidate)
