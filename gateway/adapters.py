@@ -177,7 +177,7 @@ def parse_http(capability: CapabilityEntry, body: Any) -> AgentResponse:
     usage = _dig(body, "usage") if isinstance(body, Mapping) else None
     usage = usage if isinstance(usage, Mapping) else {}
     return AgentResponse(
-        reply_content=reply if isinstance(reply, str) else None, output=thaw(output),
+        reply_content=reply if isinstance(reply, str) else None, output=output,
         raw_meta=meta,
         input_tokens=int(usage.get("input_tokens") or usage.get("prompt_tokens") or 0),
         output_tokens=int(usage.get("output_tokens") or usage.get("completion_tokens") or 0),

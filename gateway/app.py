@@ -55,10 +55,13 @@ TOKENS_IN, TOKENS_OUT = TOKENS.labels("input"), TOKENS.labels("output")
 
 
 def header(scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
+    """A request header by lower-case name (the last one wins), parsed once per request."""
+    headers = scope.get("reach.headers")
+    if headers is None:
+        headers = scope["reach.headers"] = {
+            key.lower(): value for key, value in scope.get("headers", [])}
+    value = headers.get(name)
+    return value.decode("latin-1") if value is not None else None
 
 
 async def send_json(send, status: int, body: dict, request_id: str) -> None:
