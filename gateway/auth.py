@@ -6,15 +6,11 @@ compared in constant time. Revoked keys are not in the table at all.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 
 from gateway.errors import GatewayError
 from routing.table import ApiKeyEntry, RouteTable
-
-KEY_MARK = "rk_"
-PREFIX_LENGTH = 10
+from tenants import keys  # the key format itself: pure functions, no Django
 
 
 def authenticate(table: RouteTable, authorization: str | None, *, scope: str = "invoke",
@@ -26,13 +22,11 @@ def authenticate(table: RouteTable, authorization: str | None, *, scope: str = "
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise GatewayError("unauthorized", "Expected 'Authorization: Bearer <api key>'.")
-    prefix, sep, secret = token[len(KEY_MARK):].partition("_")
-    if (not token.startswith(KEY_MARK) or not sep or len(prefix) != PREFIX_LENGTH
-            or not secret or len(token) > 200):
+    prefix = keys.prefix_of(token)
+    if prefix is None:
         raise GatewayError("unauthorized", "API key is malformed.")
     entry = table.api_keys_by_prefix.get(prefix)
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    if entry is None or not hmac.compare_digest(digest, entry.key_hash):
+    if entry is None or not keys.matches(token, entry.key_hash):
         raise GatewayError("unauthorized", "API key is not known or has been revoked.")
     if entry.expires_at is not None and entry.expires_at <= (now or time.time()):
         raise GatewayError("unauthorized", "API key has expired.")

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-from urllib.parse import urlsplit
-
 import httpx
 import orjson
 
-from registry.endpoints import EndpointRefused, check_registration, check_resolved
+from registry.endpoints import EndpointRefused, check_registration, resolve_and_check_blocking
 from registry.spec import DescriptorError
 
 MAX_CARD_BYTES = 1024 * 1024
@@ -23,10 +20,7 @@ def fetch_agent_card(url: str, policy) -> dict:
 
     try:
         url = check_registration(url, policy)
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = sorted({i[4][0] for i in socket.getaddrinfo(parts.hostname, port)})
-        check_resolved(parts.hostname or "", port, addresses, policy)
+        resolve_and_check_blocking(url, policy)
     except EndpointRefused as exc:
         raise refuse(str(exc)) from exc
     except OSError as exc:

@@ -315,12 +315,30 @@ async def resolve_and_check(
 
     Raises ``EndpointRefused``; resolution failures (``OSError``) propagate unchanged.
     """
-    target = _parse_url(url)
-    # Refuse before resolving: a disallowed name should not even cause a DNS query.
-    _check_host(target.host, target.ip, target.port, policy)
+    target = _checked_target(url, policy)
     if target.ip is not None:
         addresses = [str(target.ip)]
     else:
         addresses = list(await (resolver or _default_resolver)(target.host, target.port))
     check_resolved(target.host, target.port, addresses, policy)
     return addresses
+
+
+def resolve_and_check_blocking(url: str, policy: EndpointPolicy) -> list[str]:
+    """``resolve_and_check`` for synchronous callers (health probes, Agent Card fetches),
+    with the system resolver. Same errors."""
+    target = _checked_target(url, policy)
+    if target.ip is not None:
+        addresses = [str(target.ip)]
+    else:
+        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    check_resolved(target.host, target.port, addresses, policy)
+    return addresses
+
+
+def _checked_target(url: str, policy: EndpointPolicy):
+    target = _parse_url(url)
+    # Refuse before resolving: a disallowed name should not even cause a DNS query.
+    _check_host(target.host, target.ip, target.port, policy)
+    return target

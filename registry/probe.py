@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import socket
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import httpx
 from django.utils import timezone
 
 from registry.choices import InstanceState, ReachMode
-from registry.endpoints import EndpointRefused, check_resolved
+from registry.endpoints import EndpointRefused, resolve_and_check_blocking
 from registry.models import Instance
 from registry.services import endpoint_policy, instance_recover
 
@@ -31,19 +30,11 @@ def probe_client() -> httpx.Client:
     return httpx.Client(timeout=PROBE_TIMEOUT, follow_redirects=False, trust_env=False)
 
 
-def _resolve(host: str, port: int) -> list[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({info[4][0] for info in infos})
-
-
 def probe_one(instance: Instance, client: httpx.Client) -> bool:
     """GET the instance's probe URL; True on a 2xx. Never raises for network trouble."""
     url = urljoin(instance.endpoint, instance.agent.probe_path.lstrip("/"))
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        check_resolved(parts.hostname or "", port, _resolve(parts.hostname or "", port),
-                       endpoint_policy())
+        resolve_and_check_blocking(url, endpoint_policy())
         response = client.get(url)
     except EndpointRefused as exc:
         logger.warning("probe of instance %s refused: %s", instance.pk, exc)
