@@ -256,3 +256,38 @@ def test_endpoints_set_through_the_instance_api_are_checked_too(world):
                            format="json")
     assert response.status_code == 400 and "endpoint" in response.json()["error"]["details"]
     assert not Instance.objects.exists()
+
+
+@pytest.mark.django_db
+def test_registering_by_agent_card_url_fetches_the_card(registrar):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    card = (EXAMPLES / "translator.agent-card.json").read_bytes()
+
+    class Card(BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = self.path == "/.well-known/agent-card.json"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(card if found else b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Card)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        response = register(registrar, {"card_url": f"{base}/.well-known/agent-card.json"})
+        missing = register(registrar, {"card_url": f"{base}/.well-known/nothing.json"})
+        refused = register(registrar, {"card_url": "http://169.254.169.254/.well-known/x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert response.status_code == 201, response.content
+    assert {c["capability_id"] for c in response.json()["agent"]["capabilities"]} == {
+        "translate.text", "summarize.text"}
+    assert missing.status_code == 400 and "card_url" in missing.json()["error"]["details"]
+    assert refused.status_code == 400 and "card_url" in refused.json()["error"]["details"]
