@@ -7,7 +7,7 @@ from decimal import Decimal
 from django.db import models
 
 from audit.models import AuditAction, AuditEntry, AuditSource
-from reach_platform import requestid
+from reach_core import requestid
 from reach_platform.scoping import tenant_id_of
 
 REDACTED = "[redacted]"

@@ -16,7 +16,11 @@ measures SSE time to first event, direct vs gateway, interleaved. All traffic
 stays on 127.0.0.1; every run is bounded by ``--duration``. Prints figures,
 asserts nothing.
 
-Last line: ``gateway c1_added_p50_ms=<x> c32_ratio=<x> sse_ttfb_added_p50_ms=<x>``
+The gateway's CPU time per request is read from ``/proc/<pid>/stat`` (user + system)
+around the concurrency-32 run: a figure less noisy than throughput on a shared machine.
+
+Last line: ``gateway c1_added_p50_ms=<x> c32_ratio=<x> sse_ttfb_added_p50_ms=<x>
+cpu_us_per_req=<x>``
 """
 
 from __future__ import annotations
@@ -116,6 +120,12 @@ def first_event_ms(port: int, path: str, body: bytes, key: str | None) -> float:
         return (time.perf_counter() - started) * 1000
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def setup_platform(env: dict, agent_port: int) -> str:
     """Migrate, register the mock agent, and return an invoke key (in this process)."""
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
@@ -187,8 +197,12 @@ def main() -> None:
                                    ("gateway", through, gateway_port)):
             run_wrk(script, port, 2, 32, 1)  # warm-up: pools, caches, JIT-free but warm
             for threads, connections in ((1, 1), (2, 32)):
+                cpu_before = cpu_seconds(gateway.pid)
                 out = run_wrk(script, port, threads, connections, args.duration)
                 results[(name, connections)] = parse_wrk(name, connections, out)
+                if name == "gateway" and connections == 32:
+                    cpu_per_req_us = ((cpu_seconds(gateway.pid) - cpu_before) * 1e6
+                                      / max(1, results[(name, connections)].requests))
 
         print(f"{'target':8} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
               f"{'errors':>6} {'ratio':>6}")
@@ -209,7 +223,7 @@ def main() -> None:
               f"p50 {statistics.median(gateway_ttfb):.3f} ms ({args.sse_samples} each, "
               "new connection per request)")
         print(f"gateway c1_added_p50_ms={c1_added:.3f} c32_ratio={c32_ratio:.3f} "
-              f"sse_ttfb_added_p50_ms={sse_added:.3f}")
+              f"sse_ttfb_added_p50_ms={sse_added:.3f} cpu_us_per_req={cpu_per_req_us:.0f}")
     finally:
         for proc in (gateway, agent):
             if proc is not None and proc.poll() is None:

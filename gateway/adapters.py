@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import GatewayError
+from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
 
 
@@ -91,7 +91,7 @@ def openai_body(agent: AgentEntry, payload: dict, *, stream: bool) -> dict:
     else:
         text = payload.get("text") or payload.get("prompt") or payload.get("input")
         if not isinstance(text, str):
-            raise GatewayError("invalid_input",
+            raise ReachError("invalid_input",
                                "input needs 'messages', or a 'text' or 'prompt' string.")
         body = {k: v for k, v in payload.items() if k not in ("text", "prompt", "input")}
         body["messages"] = [{"role": "user", "content": text}]
@@ -121,7 +121,7 @@ def a2a_body(payload: dict, *, stream: bool, request_id: str) -> dict:
 
 
 def parse_response(agent: AgentEntry, capability: CapabilityEntry, body: Any) -> AgentResponse:
-    """Read a non-streamed reply. Raises ``GatewayError`` for a reply that is not what the
+    """Read a non-streamed reply. Raises ``ReachError`` for a reply that is not what the
     protocol promises (``upstream_bad_response``) or an envelope reporting failure."""
     if agent.protocol == "openai":
         return parse_openai(body)
@@ -130,8 +130,8 @@ def parse_response(agent: AgentEntry, capability: CapabilityEntry, body: Any) ->
     return parse_http(capability, body)
 
 
-def _bad(message: str) -> GatewayError:
-    return GatewayError("upstream_bad_response", message)
+def _bad(message: str) -> ReachError:
+    return ReachError("upstream_bad_response", message)
 
 
 def parse_openai(body: Any) -> AgentResponse:
@@ -162,7 +162,7 @@ def parse_http(capability: CapabilityEntry, body: Any) -> AgentResponse:
         meta = {"code": body.get(code_field)}
         if body.get(code_field) != ok_value:
             message = body.get(envelope.get("message_field", "message")) or "no message"
-            raise GatewayError(
+            raise ReachError(
                 "upstream_error",
                 f"the agent reported failure (code {body.get(code_field)!r}: {message})",
             )
@@ -189,7 +189,7 @@ def parse_a2a(body: Any) -> AgentResponse:
         raise _bad("the agent's reply is not JSON-RPC 2.0")
     if body.get("error"):
         error = body["error"]
-        raise GatewayError("upstream_error",
+        raise ReachError("upstream_error",
                            f"the agent returned JSON-RPC error {error.get('code')}: "
                            f"{error.get('message')}")
     result = body.get("result")

@@ -4,7 +4,7 @@ ASGI contract: serves ``http`` scopes for ``/v1/…`` and ``/metrics``; reads
 ``http.request`` messages itself (no buffering framework, so a body over the
 limit is refused as it arrives) and watches ``http.disconnect`` while it
 streams, cancelling the upstream call at once. Every failure is the
-structured error of ``gateway.errors``. The app reads only the route table
+structured error of ``reach_core.errors``. The app reads only the route table
 it is given: it never imports Django or the ORM.
 
 Routes: ``POST /v1/invoke``, ``POST /v1/chat/completions``, ``GET /v1/route``,
@@ -31,7 +31,6 @@ from gateway.breaker import BreakerState, CircuitBreakers
 from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
-from gateway.errors import GatewayError
 from gateway.governance import Governor, MemoryUsageCounters
 from gateway.limits import InProcessLimiter
 from gateway.metrics import (
@@ -46,7 +45,8 @@ from gateway.metrics import (
 )
 from gateway.sse import EventFramer, StreamUsage, data_of, error_event
 from gateway.usage import UsageQueue
-from reach_platform import requestid
+from reach_core import requestid
+from reach_core.errors import ReachError
 from routing.router import Candidate, Router, RouteRequest
 from routing.table import RouteTable
 
@@ -112,7 +112,7 @@ class GatewayApp:
         try:
             if sum(len(k) + len(v) for k, v in scope.get("headers", [])) \
                     > self.config.max_header_bytes:
-                raise GatewayError("headers_too_large",
+                raise ReachError("headers_too_large",
                                    f"Request headers exceed {self.config.max_header_bytes} bytes.")
             if path == "/metrics" and method == "GET":
                 await self._metrics(send)
@@ -128,8 +128,8 @@ class GatewayApp:
                 self._only(method, "POST")
                 await chat.completions(self, scope, receive, send, request_id)
             else:
-                raise GatewayError("not_found", f"No gateway route for {method} {scope['path']}")
-        except GatewayError as error:
+                raise ReachError("not_found", f"No gateway route for {method} {scope['path']}")
+        except ReachError as error:
             outcome = error.kind.code
             body = error.body(request_id)
             if error.explain is not None:
@@ -144,7 +144,7 @@ class GatewayApp:
         except Exception:
             outcome = "internal_error"
             logger.exception("gateway failure (request %s)", request_id)
-            error = GatewayError("internal_error", "The gateway failed; it has been logged.")
+            error = ReachError("internal_error", "The gateway failed; it has been logged.")
             await send_json(send, 500, error.body(request_id), request_id)
         finally:
             if endpoint != "metrics":
@@ -163,14 +163,14 @@ class GatewayApp:
     @staticmethod
     def _only(method: str, *allowed: str) -> None:
         if method not in allowed:
-            raise GatewayError("method_not_allowed", f"Use {' or '.join(allowed)}.")
+            raise ReachError("method_not_allowed", f"Use {' or '.join(allowed)}.")
 
     async def read_body(self, scope, receive) -> bytes:
         """The request body, refused with 413 as soon as it passes the limit."""
         limit = self.config.max_body_bytes
         declared = header(scope, b"content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise GatewayError("payload_too_large", f"Request body exceeds {limit} bytes.")
+            raise ReachError("payload_too_large", f"Request body exceeds {limit} bytes.")
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -179,7 +179,7 @@ class GatewayApp:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
-                raise GatewayError("payload_too_large", f"Request body exceeds {limit} bytes.")
+                raise ReachError("payload_too_large", f"Request body exceeds {limit} bytes.")
             chunks.append(body)
             if not message.get("more_body"):
                 return b"".join(chunks)
@@ -192,7 +192,7 @@ class GatewayApp:
         """Run ``run()`` (returning the reply dict) at most once per (tenant, key); replay
         its stored response to duplicates. See ``gateway.idempotency``."""
         if len(idempotency_key) > 255:
-            raise GatewayError("invalid_input", "Idempotency-Key is longer than 255 characters.")
+            raise ReachError("invalid_input", "Idempotency-Key is longer than 255 characters.")
         store = self.idempotency
         key, body_hash = idempotency.record_key(tenant_pk, idempotency_key), \
             idempotency.fingerprint(raw)
@@ -200,10 +200,10 @@ class GatewayApp:
         if outcome == idempotency.Outcome.BUSY:
             outcome, stored = await idempotency.wait_for_first(store, key, body_hash, 30.0)
         if outcome == idempotency.Outcome.MISMATCH:
-            raise GatewayError("idempotency_key_reused",
+            raise ReachError("idempotency_key_reused",
                                "This Idempotency-Key was used with a different request body.")
         if outcome == idempotency.Outcome.BUSY:
-            raise GatewayError("idempotency_in_progress",
+            raise ReachError("idempotency_in_progress",
                                "A call with this Idempotency-Key is still running.")
         if outcome == idempotency.Outcome.REPLAY:
             IDEMPOTENT_REPLAYS.inc()
@@ -212,7 +212,7 @@ class GatewayApp:
             return
         try:
             reply = await run()
-        except GatewayError as error:
+        except ReachError as error:
             if error.kind.status >= 500:
                 await store.forget(key)  # nothing definite happened: let a retry run
             else:
@@ -251,7 +251,7 @@ class GatewayApp:
         decision = self.router.route(table, request, pick=False)
         explained = {"table_version": table.version, **decision.explain()}
         if decision.error:
-            raise GatewayError(decision.error, route_message(decision), explain=explained)
+            raise ReachError(decision.error, route_message(decision), explain=explained)
         return explained
 
     # ---- invoke -------------------------------------------------------------------------
@@ -265,7 +265,7 @@ class GatewayApp:
         (the chat door shapes it by the agent's protocol)."""
         decision = self.router.route(table, route)
         if decision.error:
-            raise GatewayError(decision.error, route_message(decision))
+            raise ReachError(decision.error, route_message(decision))
         candidate = decision.chosen
         if callable(payload):
             payload = payload(candidate)
@@ -273,7 +273,7 @@ class GatewayApp:
         problems = self.caller.validators.errors(capability.input_schema, payload)
         if problems:
             message = "; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items())
-            error = GatewayError("invalid_input", f"input does not match the capability's "
+            error = ReachError("invalid_input", f"input does not match the capability's "
                                  f"input_schema: {message}")
             error.details = problems
             raise error
@@ -295,14 +295,14 @@ class GatewayApp:
         body = parse_json(raw)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
-            raise GatewayError("invalid_input", "'stream' must be true or false.")
+            raise ReachError("invalid_input", "'stream' must be true or false.")
         if body.get("mode", "sync") != "sync":
-            raise GatewayError("invalid_input", "Only mode 'sync' is available; async tasks "
+            raise ReachError("invalid_input", "Only mode 'sync' is available; async tasks "
                                "and callbacks are not served by this gateway yet.")
         payload = body.get("input", {})
         params = body.get("params", {})
         if not isinstance(payload, dict) or not isinstance(params, dict):
-            raise GatewayError("invalid_input", "'input' and 'params' must be JSON objects.")
+            raise ReachError("invalid_input", "'input' and 'params' must be JSON objects.")
         payload = {**params, **payload}
         route = route_request(
             key.tenant_pk,
@@ -421,11 +421,11 @@ class GatewayApp:
                     raise aiohttp.ClientPayloadError("stream ended inside an event")
             except (TimeoutError, aiohttp.ServerTimeoutError):
                 outcome = "upstream_timeout"
-                error = GatewayError("upstream_timeout", "the agent's stream went idle for "
+                error = ReachError("upstream_timeout", "the agent's stream went idle for "
                                      f"{self.config.stream_idle_timeout_s:g} s")
             except (aiohttp.ClientError, OSError) as exc:
                 outcome = "upstream_error"
-                error = GatewayError("upstream_error", "the agent's stream broke off "
+                error = ReachError("upstream_error", "the agent's stream broke off "
                                      f"({type(exc).__name__})")
 
         async def watch_disconnect() -> None:
@@ -477,9 +477,9 @@ def parse_json(raw: bytes) -> dict:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise GatewayError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
+        raise ReachError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise GatewayError("invalid_input", "Request body must be a JSON object.")
+        raise ReachError("invalid_input", "Request body must be a JSON object.")
     return body
 
 
@@ -507,7 +507,7 @@ def deadline_header(scope) -> int | None:
     if raw is None:
         return None
     if not raw.strip().isdigit() or int(raw) <= 0:
-        raise GatewayError("invalid_input", "X-Reach-Deadline-Ms must be a positive integer.")
+        raise ReachError("invalid_input", "X-Reach-Deadline-Ms must be a positive integer.")
     return int(raw)
 
 
@@ -515,18 +515,18 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
                   internal: bool = False) -> RouteRequest:
     capability, intent = params.get("capability"), params.get("intent")
     if bool(capability) == bool(intent):
-        raise GatewayError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
+        raise ReachError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
     if not isinstance(capability or intent, str):
-        raise GatewayError("invalid_input", "'capability' and 'intent' must be strings.")
+        raise ReachError("invalid_input", "'capability' and 'intent' must be strings.")
     input_chars = params.get("input_chars")
     if input_chars is not None and not str(input_chars).isdigit():
-        raise GatewayError("invalid_input", "'input_chars' must be a non-negative integer.")
+        raise ReachError("invalid_input", "'input_chars' must be a non-negative integer.")
     cost_preference = params.get("cost") or "best"
     if cost_preference not in ("best", "cheapest"):
-        raise GatewayError("invalid_input", "'cost' must be 'best' or 'cheapest'.")
+        raise ReachError("invalid_input", "'cost' must be 'best' or 'cheapest'.")
     for name in ("min_version", "src_lang", "dest_lang", "format", "namespace"):
         if params.get(name) is not None and not isinstance(params.get(name), str):
-            raise GatewayError("invalid_input", f"'{name}' must be a string.")
+            raise ReachError("invalid_input", f"'{name}' must be a string.")
     return RouteRequest(
         tenant_pk=tenant_pk, capability=capability, intent=intent,
         namespace=namespace or params.get("namespace") or "default",

@@ -8,31 +8,31 @@ from __future__ import annotations
 
 import time
 
-from gateway.errors import GatewayError
+from reach_core import keys  # the key format itself: pure functions, no Django
+from reach_core.errors import ReachError
 from routing.table import ApiKeyEntry, RouteTable
-from tenants import keys  # the key format itself: pure functions, no Django
 
 
 def authenticate(table: RouteTable, authorization: str | None, *, scope: str = "invoke",
                  now: float | None = None) -> ApiKeyEntry:
-    """The caller's key entry, or ``GatewayError('unauthorized'|'forbidden')``."""
+    """The caller's key entry, or ``ReachError('unauthorized'|'forbidden')``."""
     if not authorization:
-        raise GatewayError("unauthorized", "Missing 'Authorization: Bearer <api key>'.")
+        raise ReachError("unauthorized", "Missing 'Authorization: Bearer <api key>'.")
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise GatewayError("unauthorized", "Expected 'Authorization: Bearer <api key>'.")
+        raise ReachError("unauthorized", "Expected 'Authorization: Bearer <api key>'.")
     prefix = keys.prefix_of(token)
     if prefix is None:
-        raise GatewayError("unauthorized", "API key is malformed.")
+        raise ReachError("unauthorized", "API key is malformed.")
     entry = table.api_keys_by_prefix.get(prefix)
     if entry is None or not keys.matches(token, entry.key_hash):
-        raise GatewayError("unauthorized", "API key is not known or has been revoked.")
+        raise ReachError("unauthorized", "API key is not known or has been revoked.")
     if entry.expires_at is not None and entry.expires_at <= (now or time.time()):
-        raise GatewayError("unauthorized", "API key has expired.")
+        raise ReachError("unauthorized", "API key has expired.")
     tenant = table.tenants.get(entry.tenant_pk)
     if tenant is None or not tenant.is_active:
-        raise GatewayError("unauthorized", "The key's tenant is disabled.")
+        raise ReachError("unauthorized", "The key's tenant is disabled.")
     if scope not in entry.scopes:
-        raise GatewayError("forbidden", f"This key lacks the {scope!r} scope.")
+        raise ReachError("forbidden", f"This key lacks the {scope!r} scope.")
     return entry

@@ -22,9 +22,9 @@ from gateway.adapters import AgentResponse, UpstreamRequest, build_request, pars
 from gateway.breaker import CircuitBreakers
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
-from gateway.errors import GatewayError
 from gateway.metrics import BAD_RESPONSES, RETRIES, UPSTREAM_LATENCY
 from gateway.upstream import UpstreamFailure, UpstreamPools, translate_error
+from reach_core.errors import ReachError
 from routing.router import Candidate, Feedback, Router, RouteRequest
 from routing.table import CapabilityEntry, RouteTable
 
@@ -43,11 +43,11 @@ class CallContext:
     def remaining_ms(self) -> float:
         return self.budget_ms - (time.monotonic() - self.started) * 1000
 
-    def timed_out(self) -> GatewayError:
+    def timed_out(self) -> ReachError:
         if self.caller_bound:
-            return GatewayError("deadline_exceeded",
+            return ReachError("deadline_exceeded",
                                 f"The caller's budget of {self.budget_ms} ms ran out.")
-        return GatewayError("upstream_timeout",
+        return ReachError("upstream_timeout",
                             f"The agent did not answer within {self.budget_ms} ms.")
 
 
@@ -115,7 +115,7 @@ class Caller:
     async def open(self, table: RouteTable, route: RouteRequest, first: Candidate,
                    payload: dict, ctx: CallContext, *, stream: bool) -> Upstream:
         """Send the call and return once the agent's status line is in; retries once on
-        another instance when that is safe. Raises ``GatewayError``."""
+        another instance when that is safe. Raises ``ReachError``."""
         candidate = first
         while True:
             ctx.attempts.append(candidate.instance.pk)
@@ -124,7 +124,7 @@ class Caller:
             except UpstreamFailure as failure:
                 retry = self._retry_candidate(table, route, ctx, failure)
                 if retry is None:
-                    raise GatewayError(failure.code, failure.message) from failure
+                    raise ReachError(failure.code, failure.message) from failure
                 RETRIES.inc()
                 low, high = self.config.retry_backoff_ms
                 await asyncio.sleep(random.uniform(low, high) / 1000)
@@ -194,13 +194,13 @@ class Caller:
         if 300 <= response.status < 400:
             response.release()
             self._record(instance.pk, ok=True, started=started)
-            raise GatewayError("upstream_bad_response",
+            raise ReachError("upstream_bad_response",
                                f"the agent answered a redirect (HTTP {response.status}); "
                                "redirects are not followed")
         if response.status >= 400:
             response.release()
             self._record(instance.pk, ok=True, started=started)
-            raise GatewayError("upstream_error",
+            raise ReachError("upstream_error",
                                f"the agent refused the call (HTTP {response.status})")
         return Upstream(candidate=candidate, response=response, started=started)
 
@@ -214,7 +214,7 @@ class Caller:
             raise ctx.timed_out() from exc
         except (aiohttp.ClientError, OSError) as exc:
             self._record(instance.pk, ok=False, started=upstream.started)
-            raise GatewayError("upstream_error", translate_error(exc).message) from exc
+            raise ReachError("upstream_error", translate_error(exc).message) from exc
         finally:
             upstream.response.release()
         self._record(instance.pk, ok=True, started=upstream.started)
@@ -224,10 +224,10 @@ class Caller:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
-            raise GatewayError("upstream_bad_response", "the agent's reply is not JSON") from exc
+            raise ReachError("upstream_bad_response", "the agent's reply is not JSON") from exc
         try:
             reply = parse_response(upstream.candidate.agent, upstream.candidate.capability, data)
-        except GatewayError as error:
+        except ReachError as error:
             if error.kind.code == "upstream_bad_response":
                 BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
             raise
@@ -236,7 +236,7 @@ class Caller:
         if problems:
             BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
             detail = "; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items())
-            raise GatewayError("upstream_bad_response",
+            raise ReachError("upstream_bad_response",
                                f"the agent's output does not match its output_schema: {detail}")
         return reply
 
@@ -244,14 +244,14 @@ class Caller:
         limit = self.config.max_upstream_bytes
         if response.content_length is not None:
             if response.content_length > limit:
-                raise GatewayError("upstream_bad_response",
+                raise ReachError("upstream_bad_response",
                                    f"the agent's reply is larger than {limit} bytes")
             return await response.read()  # the common case: one await, no loop
         chunks, size = [], 0
         async for chunk in response.content.iter_chunked(65536):
             size += len(chunk)
             if size > limit:
-                raise GatewayError("upstream_bad_response",
+                raise ReachError("upstream_bad_response",
                                    f"the agent's reply is larger than {limit} bytes")
             chunks.append(chunk)
         return b"".join(chunks)

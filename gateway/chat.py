@@ -13,7 +13,7 @@ import time
 import orjson
 
 from gateway.auth import authenticate
-from gateway.errors import GatewayError
+from reach_core.errors import ReachError
 from routing.router import RouteRequest
 from routing.table import RouteTable
 
@@ -24,7 +24,7 @@ def _route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespa
     if intent:
         return RouteRequest(intent=intent, **base)
     if not isinstance(model, str) or not model:
-        raise GatewayError("invalid_input", "'model' must name an agent or 'capability:<id>' "
+        raise ReachError("invalid_input", "'model' must name an agent or 'capability:<id>' "
                            "(or send the X-Reach-Intent header).")
     if model.startswith("capability:"):
         return RouteRequest(capability=model.split(":", 1)[1], **base)
@@ -32,7 +32,7 @@ def _route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespa
         if model in (agent.name, f"{agent.namespace}/{agent.name}") and agent.capabilities:
             return RouteRequest(capability=agent.capabilities[0].capability_id, agent=model,
                                 **base)
-    raise GatewayError("no_capability", f"No agent is named {model!r}.")
+    raise ReachError("no_capability", f"No agent is named {model!r}.")
 
 
 def _last_user_text(messages: list) -> str:
@@ -43,7 +43,7 @@ def _last_user_text(messages: list) -> str:
                 return content
             if isinstance(content, list):  # content parts
                 return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    raise GatewayError("invalid_input", "'messages' needs a user message.")
+    raise ReachError("invalid_input", "'messages' needs a user message.")
 
 
 def completion_body(app, ctx, candidate, reply) -> dict:
@@ -69,10 +69,10 @@ async def completions(app, scope, receive, send, request_id: str) -> None:
     body = await app.read_json(scope, receive)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise GatewayError("invalid_input", "'messages' must be a non-empty list.")
+        raise ReachError("invalid_input", "'messages' must be a non-empty list.")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise GatewayError("invalid_input", "'stream' must be true or false.")
+        raise ReachError("invalid_input", "'stream' must be true or false.")
     route = _route(table, key.tenant_pk, body.get("model"), header(scope, b"x-reach-intent"),
                    header(scope, b"x-reach-namespace") or "default",
                    app.config.is_internal((scope.get("client") or (None,))[0]))

@@ -10,7 +10,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from registry.endpoints import EndpointPolicy
+from reach_core.endpoints import EndpointPolicy
 
 
 @dataclass(frozen=True)

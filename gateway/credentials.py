@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from gateway.errors import GatewayError
+from reach_core.errors import ReachError
 from routing.table import CredentialEntry, RouteTable
 
 
@@ -25,11 +25,11 @@ class Credentials:
 
     def _decrypt(self, ciphertext: str) -> str:
         if self._fernet is None:
-            raise GatewayError("internal_error", "Credential keys are not configured.")
+            raise ReachError("internal_error", "Credential keys are not configured.")
         try:
             return self._fernet.decrypt(base64.b64decode(ciphertext)).decode()
         except (InvalidToken, ValueError) as exc:
-            raise GatewayError(
+            raise ReachError(
                 "internal_error", "A downstream credential cannot be decrypted."
             ) from exc
 
@@ -57,7 +57,7 @@ class Credentials:
                 continue
             value = self.secret(entry)
             if value is None:
-                raise GatewayError("internal_error",
+                raise ReachError("internal_error",
                                    "A downstream credential is configured but has no value.")
             if entry.kind == "bearer":
                 headers["authorization"] = f"Bearer {value}"

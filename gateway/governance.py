@@ -19,8 +19,8 @@ import math
 import time
 from collections import defaultdict
 
-from gateway.errors import GatewayError
 from gateway.limits import Limit
+from reach_core.errors import ReachError
 from routing.router import Candidate
 from routing.table import QuotaEntry, RouteTable
 
@@ -192,12 +192,12 @@ class Governor:
                 continue
             reason = over_budget(quota, used)
             if reason:
-                raise GatewayError("quota_exceeded", f"The tenant's {reason}.")
+                raise ReachError("quota_exceeded", f"The tenant's {reason}.")
         if not limits:
             return
         verdict = await self.limiter.check(limits)
         if not verdict.allowed:
-            error = GatewayError("rate_limited", f"Rate limit {verdict.limit_key or ''} reached; "
+            error = ReachError("rate_limited", f"Rate limit {verdict.limit_key or ''} reached; "
                                  f"retry after {verdict.retry_after_s:g} s.".replace("  ", " "))
             error.retry_after = max(1, math.ceil(verdict.retry_after_s))
             raise error

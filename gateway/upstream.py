@@ -22,7 +22,7 @@ import socket
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
-from registry.endpoints import EndpointPolicy, EndpointRefused, check_resolved
+from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
 
 
 class UpstreamFailure(Exception):

@@ -2,8 +2,10 @@
 
 Every error the REST API returns has one shape::
 
-    {"error": {"code": "...", "message": "...", "request_id": "...", "details": {...}?}}
+    {"error": {"code": "...", "message": "...", "request_id": "...", "retryable": bool,
+               "details": {...}?}}
 
+the same shape and codes as the gateway's: both come from ``reach_core.errors``.
 ``details`` appears for validation errors and maps field paths to messages.
 HTML error pages are kept for the admin; everything else gets JSON, including
 Django's own 404 and 500 and a body that is not valid JSON.
@@ -19,7 +21,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
 
-from reach_platform import requestid
+from reach_core import requestid
+from reach_core.errors import CATALOGUE, ReachError, error_body
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +47,6 @@ _CODES: dict[type[Exception], str] = {
 }
 
 
-def error_body(*, code: str, message: str, request_id: str, details=None) -> dict:
-    error = {"code": code, "message": message, "request_id": request_id}
-    if details is not None:
-        error["details"] = details
-    return {"error": error}
-
-
 def flatten_details(detail, prefix: str = "") -> dict[str, list[str]]:
     """Turn DRF's nested error detail into ``{"field.sub[2].x": [messages]}``."""
     out: dict[str, list[str]] = {}
@@ -71,13 +67,25 @@ def flatten_details(detail, prefix: str = "") -> dict[str, list[str]]:
     return out
 
 
-def _code_for(exc: Exception) -> str:
+def _code_for(exc: Exception, http_status: int) -> str:
+    """A catalogue code for any exception DRF answered (see ``reach_core.errors``)."""
     for klass in type(exc).__mro__:
         if klass in _CODES:
             return _CODES[klass]
-    if isinstance(exc, exceptions.APIException):
-        return exc.default_code if isinstance(exc.default_code, str) else "error"
-    return "error"
+    code = getattr(exc, "default_code", None)
+    if isinstance(code, str) and code in CATALOGUE:
+        return code
+    return "internal_error" if http_status >= 500 else "bad_request"
+
+
+class ReachAPIException(exceptions.APIException):
+    """A ``ReachError`` raised inside a DRF view: its catalogue status and code."""
+
+    def __init__(self, error: ReachError) -> None:
+        super().__init__(error.message, code=error.code)
+        self.status_code = error.kind.status
+        self.default_code = error.code
+        self.reach_error = error
 
 
 def api_exception_handler(exc: Exception, context) -> Response | None:
@@ -88,12 +96,14 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge()
+    elif isinstance(exc, ReachError):
+        exc = ReachAPIException(exc)
     response = drf_default_handler(exc, context)
     if response is None:
         return None
     request = context.get("request")
     rid = getattr(request, "request_id", None) or requestid.current.get()
-    code = _code_for(exc)
+    code = _code_for(exc, response.status_code)
     details = None
     if isinstance(exc, exceptions.ValidationError):
         details = flatten_details(exc.detail)
@@ -104,6 +114,9 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
         if code == "malformed_json":
             message = f"Request body is not valid JSON: {message}"
     response.data = error_body(code=code, message=message, request_id=rid, details=details)
+    retry_after = getattr(getattr(exc, "reach_error", None), "retry_after", None)
+    if retry_after:
+        response["Retry-After"] = str(retry_after)
     return response
 
 

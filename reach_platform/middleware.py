@@ -4,7 +4,7 @@ import logging
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from reach_platform import requestid
+from reach_core import requestid
 
 
 class RequestIdMiddleware:

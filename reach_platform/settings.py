@@ -160,7 +160,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("REACH_API_MAX_BODY_BYTES", default=2 * 10
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tenants.authentication.BearerAuthentication",
+        "reach_platform.authentication.BearerAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.TenantPermission"],

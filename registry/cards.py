@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import orjson
 
-from registry.endpoints import EndpointRefused, check_registration, resolve_and_check_blocking
+from reach_core.endpoints import EndpointRefused, check_registration, resolve_and_check_blocking
 from registry.spec import DescriptorError
 
 MAX_CARD_BYTES = 1024 * 1024

@@ -15,8 +15,8 @@ from urllib.parse import urljoin
 import httpx
 from django.utils import timezone
 
+from reach_core.endpoints import EndpointRefused, resolve_and_check_blocking
 from registry.choices import InstanceState, ReachMode
-from registry.endpoints import EndpointRefused, resolve_and_check_blocking
 from registry.models import Instance
 from registry.services import endpoint_policy, instance_recover
 

@@ -11,10 +11,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from reach_core import keys
+from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_registration
 from registry import health, routes
 from registry.choices import InstanceState
 from registry.descriptors import normalise_params
-from registry.endpoints import EndpointPolicy, EndpointRefused, check_registration
 from registry.models import (
     Agent,
     AgentToken,
@@ -25,7 +26,6 @@ from registry.models import (
 )
 from registry.spec import AgentSpec, DescriptorError
 from routing.table import LoadReport
-from tenants import keys
 from tenants.models import Tenant
 
 AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (a prefix, not a secret)

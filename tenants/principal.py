@@ -85,14 +85,9 @@ def principal_for_request(request) -> Principal:
     cached = getattr(request, "_reach_principal", None)
     if cached is not None:
         return cached
-    from registry.models import AgentToken
-    from tenants.models import ApiKey
-
     auth = getattr(request, "auth", None)
-    if isinstance(auth, ApiKey):
-        principal = principal_for_api_key(auth)
-    elif isinstance(auth, AgentToken):
-        principal = principal_for_agent_token(auth)
+    if isinstance(auth, Principal):  # a bearer token, resolved by the authentication class
+        principal = auth
     else:
         principal = principal_for_user(getattr(request, "user", None))
     request._reach_principal = principal

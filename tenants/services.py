@@ -9,7 +9,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tenants import crypto, keys
+from reach_core import keys
+from tenants import crypto
 from tenants.choices import ApiKeyScope
 from tenants.models import ApiKey, Credential, Tenant
 

@@ -46,7 +46,7 @@ class InstanceSerializer(CleanModelSerializer):
         ]
 
     def validate_endpoint(self, value: str) -> str:
-        from registry.endpoints import EndpointRefused, check_registration
+        from reach_core.endpoints import EndpointRefused, check_registration
         from registry.services import endpoint_policy
 
         try:

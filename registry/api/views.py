@@ -219,7 +219,7 @@ class AgentRegisterView(APIView):
     def _tenant_and_agent(self, request):
         principal = principal_for_request(request)
         if principal.agent_pk is not None:
-            agent = request.auth.agent
+            agent = Agent.objects.select_related("owner_tenant").get(pk=principal.agent_pk)
             return agent.owner_tenant, agent
         key = principal.api_key
         if key is not None:

@@ -9,9 +9,15 @@ from reach_platform.serializers import (
     ScopedSlugField,
     TenantDefault,
 )
-from registry.models import Agent, Capability
 from tenants.choices import ApiKeyScope
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
+
+
+def _related(model, field: str):
+    """The queryset a relation of ``model`` points into, found through the ORM: the
+    tenant x agent relations name registry's models without importing them (tenants
+    is a leaf app)."""
+    return model._meta.get_field(field).related_model.objects.all()
 
 
 def tenant_field() -> ScopedSlugField:
@@ -63,9 +69,11 @@ class GrantSerializer(CleanModelSerializer):
         slug_field="slug", queryset=Tenant.objects.filter(is_active=True),
         help_text="The tenant that may reach the agent or capability (the grantee).",
     )
-    agent = ScopedPrimaryKeyField(queryset=Agent.objects.all(), required=False, allow_null=True)
+    agent = ScopedPrimaryKeyField(
+        queryset=_related(Grant, "agent"), required=False, allow_null=True
+    )
     capability = ScopedPrimaryKeyField(
-        queryset=Capability.objects.all(), required=False, allow_null=True
+        queryset=_related(Grant, "capability"), required=False, allow_null=True
     )
 
     class Meta:
@@ -78,7 +86,7 @@ class CredentialSerializer(CleanModelSerializer):
     """``secret`` is write-only: responses say where the secret comes from, never what it is."""
 
     tenant = tenant_field()
-    agent = ScopedPrimaryKeyField(queryset=Agent.objects.all())
+    agent = ScopedPrimaryKeyField(queryset=_related(Credential, "agent"))
     secret = serializers.CharField(
         write_only=True, required=False, allow_blank=False, max_length=8192,
         trim_whitespace=False, style={"input_type": "password"},
@@ -121,9 +129,11 @@ class CredentialSerializer(CleanModelSerializer):
 
 class QuotaSerializer(CleanModelSerializer):
     tenant = tenant_field()
-    agent = ScopedPrimaryKeyField(queryset=Agent.objects.all(), required=False, allow_null=True)
+    agent = ScopedPrimaryKeyField(
+        queryset=_related(Quota, "agent"), required=False, allow_null=True
+    )
     capability = ScopedPrimaryKeyField(
-        queryset=Capability.objects.all(), required=False, allow_null=True
+        queryset=_related(Quota, "capability"), required=False, allow_null=True
     )
 
     class Meta:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.adapters import build_request, parse_response
-from gateway.errors import GatewayError
 from gateway.sse import EventFramer, StreamUsage, data_of, error_event
+from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
 
 
@@ -23,7 +23,7 @@ def test_http_unwraps_a_business_envelope():
     reply = parse_response(agent("http"), cap, {"code": 0, "message": "ok",
                                                 "data": {"message": "你好"}})
     assert reply.reply_content == "你好" and reply.output == {"message": "你好"}
-    with pytest.raises(GatewayError) as failed:
+    with pytest.raises(ReachError) as failed:
         parse_response(agent("http"), cap, {"code": 40001, "message": "text is required",
                                             "data": None})
     assert failed.value.kind.code == "upstream_error"
@@ -58,7 +58,7 @@ def test_openai_request_and_reply():
         "usage": {"prompt_tokens": 4, "completion_tokens": 2}})
     assert (reply.reply_content, reply.input_tokens, reply.output_tokens) == ("hey", 4, 2)
     assert reply.tool_calls == [{"id": "t"}] and reply.raw_meta["finish_reason"] == "tool_calls"
-    with pytest.raises(GatewayError, match="no choices"):
+    with pytest.raises(ReachError, match="no choices"):
         parse_response(agent("openai"), cap, {"choices": []})
 
 
@@ -78,10 +78,10 @@ def test_a2a_message_send_and_replies():
                                  {"kind": "data", "data": {"n": 1}}]}]}})
     assert (task.reply_content, task.output, task.raw_meta["state"]) == ("done", {"n": 1},
                                                                           "completed")
-    with pytest.raises(GatewayError, match="JSON-RPC error -32601"):
+    with pytest.raises(ReachError, match="JSON-RPC error -32601"):
         parse_response(agent("a2a"), cap, {"jsonrpc": "2.0", "id": "r", "error": {
             "code": -32601, "message": "Method not found"}})
-    with pytest.raises(GatewayError) as bad:
+    with pytest.raises(ReachError) as bad:
         parse_response(agent("a2a"), cap, {"result": {}})
     assert bad.value.kind.code == "upstream_bad_response"
 

@@ -11,7 +11,7 @@ import ipaddress
 
 import pytest
 
-from registry.endpoints import (
+from reach_core.endpoints import (
     EndpointPolicy,
     EndpointRefused,
     check_registration,

@@ -5,7 +5,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from tenants import keys
+from reach_core import keys
 from tenants.models import ApiKey
 from tenants.services import api_key_authenticate, api_key_revoke
 from tests import factories

@@ -3,12 +3,17 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from registry.services import agent_token_authenticate
+from tenants.principal import principal_for_agent_token, principal_for_api_key
 from tenants.services import api_key_authenticate
 
 
 class BearerAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <token>``: a tenant API key (``rk_…``) or an agent
-    token (``rat_…``). Sets ``request.auth`` to the ``ApiKey`` or ``AgentToken``.
+    token (``rat_…``). Sets ``request.auth`` to the token's ``Principal``.
+
+    Here in the project package rather than in ``tenants`` because it knows both
+    kinds of token, and ``tenants`` imports no other app.
 
     A request without the header falls through to session authentication (the
     Swagger UI used by a logged-in staff user); a wrong token is always refused.
@@ -27,16 +32,15 @@ class BearerAuthentication(authentication.BaseAuthentication):
                 "Expected 'Authorization: Bearer <api key>'."
             )
         if token.startswith("rat_"):
-            from registry.services import agent_token_authenticate
-
             result = agent_token_authenticate(plaintext=token)
-            label = f"agent:{getattr(result, 'prefix', '')}"
+            to_principal = principal_for_agent_token
         else:
             result = api_key_authenticate(plaintext=token)
-            label = f"key:{getattr(result, 'prefix', '')}"
+            to_principal = principal_for_api_key
         if isinstance(result, str):
             raise exceptions.AuthenticationFailed(result)
-        return (_TokenUser(label), result)
+        principal = to_principal(result)
+        return (_TokenUser(principal.label), principal)
 
     def authenticate_header(self, request) -> str:
         return 'Bearer realm="agent-reach"'
@@ -62,7 +66,7 @@ class _TokenUser:
 
 
 class BearerAuthenticationScheme(OpenApiAuthenticationExtension):
-    target_class = "tenants.authentication.BearerAuthentication"
+    target_class = "reach_platform.authentication.BearerAuthentication"
     name = "BearerAuth"
 
     def get_security_definition(self, auto_schema):

@@ -1,0 +1,75 @@
+"""The closed sets of names both planes use: one definition, with the admin's wording.
+
+Plain ``StrEnum``s, so the gateway and the router compare and store them
+without Django; ``django_choices`` (in the apps' ``choices.py``) turns each
+into the ``TextChoices`` a model field needs, so a value exists in one place.
+Each member carries its label (``Protocol.HTTP.label``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    """A ``StrEnum`` whose members also carry a human label: ``NAME = "value", "Label"``."""
+
+    label: str
+
+    def __new__(cls, value: str, label: str = ""):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label = label or value
+        return member
+
+
+class Protocol(Kind):
+    OPENAI = "openai", "OpenAI-compatible chat"
+    HTTP = "http", "Plain HTTP/JSON"
+    A2A = "a2a", "A2A JSON-RPC"
+
+
+class CapabilityKind(Kind):
+    SYNC = "sync", "Synchronous"
+    STREAM = "stream", "Streaming"
+    ASYNC = "async", "Asynchronous"
+
+
+class ReachMode(Kind):
+    DIRECT = "direct", "Direct"
+    TUNNEL = "tunnel", "Reverse tunnel"
+
+
+class InstanceState(Kind):
+    HEALTHY = "healthy", "Healthy"
+    UNKNOWN = "unknown", "Unknown (missed heartbeats)"
+    OFFLINE = "offline", "Offline"
+    DRAINING = "draining", "Draining"
+
+
+class HealthTier(Kind):
+    HEALTHY = "healthy", "Healthy (full weight)"
+    OVERLOADED = "overloaded", "Overloaded (half weight)"
+    SUB_HEALTHY = "sub_healthy", "Sub-healthy (probe traffic only)"
+
+
+class Visibility(Kind):
+    PRIVATE = "private", "Private (owner and granted tenants)"
+    PUBLIC = "public", "Public (every tenant may discover and reach it)"
+
+
+class Outcome(Kind):
+    """How a call ended, as metered and counted: success, or the error code it ended with."""
+
+    SUCCESS = "success", "Success"
+    INVALID_INPUT = "invalid_input", "Invalid input"
+    NO_CAPABILITY = "no_capability", "No capability"
+    NO_HEALTHY_INSTANCE = "no_healthy_instance", "No healthy instance"
+    RATE_LIMITED = "rate_limited", "Rate limited"
+    QUOTA_EXCEEDED = "quota_exceeded", "Quota exceeded"
+    DEADLINE_EXCEEDED = "deadline_exceeded", "Deadline exceeded"
+    UPSTREAM_TIMEOUT = "upstream_timeout", "Upstream timeout"
+    UPSTREAM_ERROR = "upstream_error", "Upstream error"
+    UPSTREAM_BAD_RESPONSE = "upstream_bad_response", "Upstream bad response"
+    CIRCUIT_OPEN = "circuit_open", "Circuit open"
+    CLIENT_CANCELLED = "client_cancelled", "Client cancelled"
