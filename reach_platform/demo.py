@@ -66,7 +66,7 @@ def demo_setup() -> DemoAccess:
 
 
 def demo_agents_register(*, tenant: Tenant, agents) -> list[int]:
-    """Register the demo agents (``agent_reach.demo_agents``) for ``tenant``; returns their
+    """Register the demo agents (``reach_platform.demo_agents``) for ``tenant``; returns their
     instance pks. Their ports change on every start, so earlier instances are dropped."""
     from registry.descriptors import parse_json_descriptor
     from registry.models import Instance

@@ -51,16 +51,27 @@ class ParameterSynonymAdmin(SharedAdmin):
     search_fields = ["synonym", "canonical"]
 
 
+def _then_the_rest(model, layout: list) -> list:
+    """``layout`` followed by every other editable, non-relation field of ``model``."""
+    placed = {name for row in layout for name in ([row] if isinstance(row, str) else row)}
+    rest = [
+        f.name for f in model._meta.fields
+        if f.editable and not f.primary_key and not f.is_relation and f.name not in placed
+    ]
+    return [*layout, *rest]
+
+
 class CapabilityInline(admin.StackedInline):
     model = Capability
     extra = 0
     show_change_link = True
-    fields = [
+    # Related fields share a row; a model field not placed here still shows, last.
+    fields = _then_the_rest(Capability, [
         ("capability_id", "display_name", "kind", "version"),
         "description", "keywords", ("languages", "directions", "formats", "max_input_chars"),
-        ("timeout_ms", "qps", "burst"), ("path", "method"),
+        ("timeout_ms", "qps", "burst"), "path",
         "input_schema", "output_schema", "param_map",
-    ]
+    ])
     classes = ["collapse"]
 
 
@@ -89,7 +100,7 @@ class AgentAdmin(TenantScopedAdmin):
     inlines = [CapabilityInline, InstanceInline]
     fieldsets = [
         (None, {"fields": [
-            ("namespace", "name", "version"), "description", ("protocol", "schema_version"),
+            ("namespace", "name", "version"), "description", "protocol",
             ("owner_tenant", "team"), ("visibility", "internal_only"),
         ]}),
         ("Routing", {"fields": [("weight", "priority", "traffic_percent")]}),

@@ -99,7 +99,6 @@ class Agent(models.Model):
     price_per_call = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
     pool_max_connections = models.PositiveIntegerField(default=64)
     pool_idle_seconds = models.PositiveIntegerField(default=90)
-    schema_version = models.PositiveSmallIntegerField(default=1)
     heartbeat_interval_seconds = models.PositiveIntegerField(default=10)
     lease_ttl_seconds = models.PositiveIntegerField(
         default=30, help_text="An instance without a heartbeat for this long becomes unknown."
@@ -129,6 +128,14 @@ class Agent(models.Model):
 
 
 class Capability(models.Model):
+    """One capability of an agent: the declaration the others are read from.
+
+    Registration writes every ``registry.spec.CapabilitySpec`` field to the field
+    of the same name here, and ``registry.snapshot`` builds each
+    ``routing.table.CapabilityEntry`` from the same-named attributes; the API and
+    the admin show every field.
+    """
+
     tenant_path = "agent__owner_tenant_id"
     agent_path = "agent_id"
 
@@ -147,8 +154,8 @@ class Capability(models.Model):
     param_map = models.JSONField(default=dict, blank=True)
     # Plain-HTTP agents: request template and response mapping (envelope unwrapping).
     adapter = models.JSONField(default=dict, blank=True)
+    # Path on the instance, always POSTed to; "" means the protocol's default.
     path = models.CharField(max_length=300, blank=True)
-    method = models.CharField(max_length=8, default="POST")
     timeout_ms = models.PositiveIntegerField(default=30_000, validators=[MinValueValidator(1)])
     qps = models.PositiveIntegerField(null=True, blank=True)
     burst = models.PositiveIntegerField(null=True, blank=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from functools import cache
@@ -24,7 +25,7 @@ from registry.models import (
     Namespace,
     ParameterSynonym,
 )
-from registry.spec import AgentSpec, DescriptorError
+from registry.spec import AgentSpec, CapabilitySpec, DescriptorError
 from routing.table import LoadReport
 from tenants.models import Tenant
 
@@ -127,20 +128,19 @@ def _clean(row, path: str) -> None:
         ) from exc
 
 
+# A spec field is the model field of the same name (see CapabilitySpec).
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(CapabilitySpec))
+
+
 def _sync_capabilities(agent: Agent, spec: AgentSpec) -> None:
     existing = {c.capability_id: c for c in agent.capabilities.all()}
     wanted = {c.capability_id for c in spec.capabilities}
     for index, cap in enumerate(spec.capabilities):
         row = existing.get(cap.capability_id) or Capability(agent=agent)
-        for name in (
-            "capability_id", "display_name", "description", "input_schema", "output_schema",
-            "param_map", "adapter", "timeout_ms", "qps", "burst", "kind", "version", "path",
-            "method",
-        ):
-            setattr(row, name, getattr(cap, name))
-        row.keywords = list(cap.keywords)
-        row.languages = list(cap.languages)
-        row.directions = list(cap.directions)
+        for name in _SPEC_FIELDS:
+            value = getattr(cap, name)
+            # The spec's tuples are JSON lists in the row.
+            setattr(row, name, list(value) if isinstance(value, tuple) else value)
         _clean(row, f"capabilities[{index}]")
         row.save()
     # Capabilities the new descriptor no longer lists are gone at once, not at

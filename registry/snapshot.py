@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import types
 
 from django.db import transaction
@@ -20,7 +21,6 @@ from routing.table import (
     QuotaEntry,
     RouteTable,
     TenantEntry,
-    freeze,
 )
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
@@ -55,21 +55,18 @@ def agent_entry(agent: Agent) -> AgentEntry:
         price_per_call=float(agent.price_per_call),
         pool_max_connections=agent.pool_max_connections,
         pool_idle_seconds=agent.pool_idle_seconds,
-        capabilities=tuple(
-            CapabilityEntry(
-                pk=c.pk, capability_id=c.capability_id, display_name=c.display_name,
-                description=c.description, keywords=tuple(c.keywords),
-                languages=tuple(c.languages), directions=tuple(c.directions),
-                formats=tuple(c.formats), max_input_chars=c.max_input_chars,
-                input_schema=freeze(c.input_schema), output_schema=freeze(c.output_schema),
-                param_map=freeze(c.param_map), adapter=freeze(c.adapter),
-                timeout_ms=c.timeout_ms, qps=c.qps,
-                burst=c.burst, kind=c.kind, version=c.version, path=c.path, method=c.method,
-            )
-            for c in agent.capabilities.all()
-        ),
+        capabilities=tuple(capability_entry(c) for c in agent.capabilities.all()),
         instances=tuple(instance_entry(i) for i in agent.instances.all()),
     )
+
+
+# Every entry field is read from the model attribute of the same name; the entry
+# turns the JSON lists and objects into tuples and read-only mappings itself.
+_CAPABILITY_FIELDS = tuple(f.name for f in dataclasses.fields(CapabilityEntry))
+
+
+def capability_entry(c: Capability) -> CapabilityEntry:
+    return CapabilityEntry(**{name: getattr(c, name) for name in _CAPABILITY_FIELDS})
 
 
 def instance_entry(i: Instance) -> InstanceEntry:

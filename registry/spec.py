@@ -12,6 +12,14 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class CapabilitySpec:
+    """What a descriptor says about one capability.
+
+    Every field is written to the same-named ``registry.models.Capability`` field
+    on registration (``registry.services``), so a field added here must exist there.
+    Fields only an operator sets (``formats``, ``max_input_chars``) are not here, and
+    re-registering leaves them as they are.
+    """
+
     capability_id: str
     display_name: str = ""
     description: str = ""
@@ -30,10 +38,9 @@ class CapabilitySpec:
     burst: int | None = None
     kind: str = "sync"  # registry.choices.CapabilityKind
     version: str = "1.0.0"
-    # Path (and HTTP method) on the instance that serves this capability; ""
+    # Path on the instance that serves this capability (always POSTed to); ""
     # means the agent's protocol default.
     path: str = ""
-    method: str = "POST"
     # How the gateway speaks to a plain-HTTP capability: ``{"request": {"template":
     # …}, "response": {"envelope": {…}, "output": "…", "reply": "…"}}``.
     adapter: dict = field(default_factory=dict)

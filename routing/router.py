@@ -176,16 +176,9 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def may_reach(table: RouteTable, tenant_pk: int, agent: AgentEntry,
-              capability: CapabilityEntry) -> bool:
-    """Owner, public agent, or a grant on the agent or the capability."""
-    if agent.owner_tenant_pk == tenant_pk or agent.visibility == "public":
-        return True
-    return _granted(table, tenant_pk, agent, capability)
-
-
 def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
              capability: CapabilityEntry) -> bool:
+    """Whether the tenant holds a grant on the agent or on the capability."""
     return any(
         g.tenant_pk == tenant_pk and (g.agent_pk == agent.pk or g.capability_pk == capability.pk)
         for g in table.grants_by_tenant.get(tenant_pk, ())

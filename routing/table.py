@@ -25,6 +25,12 @@ def _empty() -> Mapping:
 
 @dataclass(frozen=True, slots=True)
 class CapabilityEntry:
+    """One capability as the router and the gateway read it.
+
+    ``registry.snapshot`` fills every field from the ``registry.models.Capability``
+    attribute of the same name, so a field added here must exist there.
+    """
+
     pk: int
     capability_id: str
     display_name: str = ""
@@ -44,14 +50,13 @@ class CapabilityEntry:
     kind: str = "sync"
     version: str = "1.0.0"
     path: str = ""
-    method: str = "POST"
 
     def __post_init__(self) -> None:
-        # Schemas arrive as plain dicts from callers; a shared table must not be
-        # changeable through them.
-        for name in ("input_schema", "output_schema", "param_map", "adapter"):
+        # Callers pass the JSON lists and objects they hold (an ORM row, a decoded
+        # snapshot); a shared table must not be changeable through them.
+        for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if isinstance(value, dict):
+            if isinstance(value, dict | list):
                 object.__setattr__(self, name, freeze(value))
 
 
@@ -350,9 +355,7 @@ def entry_from_wire(kind: str, data: Mapping) -> Any:
         return AgentEntry(
             **{
                 **{k: v for k, v in data.items() if k not in ("capabilities", "instances")},
-                "capabilities": tuple(
-                    CapabilityEntry(**_capability_fields(c)) for c in data["capabilities"]
-                ),
+                "capabilities": tuple(_capability_from_wire(c) for c in data["capabilities"]),
                 "instances": tuple(
                     InstanceEntry(
                         **{**i, "capabilities_available": frozenset(i["capabilities_available"])}
@@ -368,13 +371,11 @@ def entry_from_wire(kind: str, data: Mapping) -> Any:
     return klass(**values)
 
 
-def _capability_fields(data: Mapping) -> dict:
-    out = dict(data)
-    for name in ("keywords", "languages", "directions", "formats"):
-        out[name] = tuple(out.get(name) or ())
-    for name in ("input_schema", "output_schema", "param_map", "adapter"):
-        out[name] = freeze(out.get(name) or {})
-    return out
+def _capability_from_wire(data: Mapping) -> CapabilityEntry:
+    # Keys the entry no longer has are dropped: a snapshot file written before an
+    # upgrade, or a delta from a control plane not yet upgraded, may carry them.
+    known = CapabilityEntry.__dataclass_fields__
+    return CapabilityEntry(**{k: v for k, v in data.items() if k in known})
 
 
 def table_to_wire(table: RouteTable) -> dict:

@@ -103,14 +103,3 @@ def credential_save(*, credential: Credential, secret: str | None = None) -> Cre
     credential.full_clean()
     credential.save()
     return credential
-
-
-def credential_reveal(*, credential: Credential) -> str | None:
-    """The plaintext secret, for the gateway's snapshot builder only. None for mTLS."""
-    if credential.value_env:
-        import os
-
-        return os.environ.get(credential.value_env)
-    if credential.secret_ciphertext:
-        return crypto.decrypt(credential.secret_ciphertext)
-    return None

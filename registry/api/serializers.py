@@ -19,12 +19,9 @@ class CapabilitySerializer(CleanModelSerializer):
 
     class Meta:
         model = Capability
-        fields = [
-            "id", "agent", "capability_id", "display_name", "description", "keywords",
-            "languages", "directions", "formats", "max_input_chars", "input_schema",
-            "output_schema", "param_map", "adapter", "timeout_ms", "qps", "burst", "kind",
-            "version", "path", "method",
-        ]
+        # Every model field: a capability holds nothing secret, so a field added to
+        # the model belongs in the API too.
+        fields = "__all__"
         read_only_fields = ["id"]
 
 
@@ -68,7 +65,7 @@ class AgentSerializer(CleanModelSerializer):
             "team", "visibility", "internal_only", "weight", "priority", "traffic_percent",
             "price_input_per_1k",
             "price_output_per_1k", "price_per_call", "pool_max_connections",
-            "pool_idle_seconds", "schema_version", "heartbeat_interval_seconds",
+            "pool_idle_seconds", "heartbeat_interval_seconds",
             "lease_ttl_seconds", "probe_path", "capabilities", "instances",
             "created_at", "updated_at",
         ]

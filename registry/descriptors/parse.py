@@ -12,7 +12,7 @@ import copy
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 from jsonschema import Draft202012Validator
@@ -38,15 +38,16 @@ _TYPE_WORDS = {
     "null": "null",
 }
 _NOT_IN_ID = re.compile(r"[^a-z0-9_.\-]+")
+
+
+def _int_fields(spec: type) -> tuple[str, ...]:
+    """The fields of ``spec`` declared ``int`` or ``int | None``."""
+    return tuple(n for n, hint in get_type_hints(spec).items() if hint in (int, int | None))
+
+
 # JSON Schema counts 8.0 as an integer; the spec wants real ints in these.
-_INT_FIELDS = (
-    "timeout_ms",
-    "qps",
-    "burst",
-    "weight",
-    "lease_ttl_seconds",
-    "heartbeat_interval_seconds",
-)
+_AGENT_INTS = _int_fields(AgentSpec)
+_CAPABILITY_INTS = _int_fields(CapabilitySpec)
 
 
 def parse_json_descriptor(data: object) -> AgentSpec:
@@ -87,8 +88,8 @@ def parse_capability_yaml(text: str) -> AgentSpec:
 
     Only ``yaml.safe_load`` is used: the text is untrusted. The top-level
     ``language`` is put first in every capability's languages. Each capability's
-    first endpoint gives its path and method, and its protocol is the agent's,
-    so all capabilities must agree on it. Raises ``DescriptorError``; a syntax
+    first endpoint gives its path, and its protocol is the agent's, so all
+    capabilities must agree on it. Raises ``DescriptorError``; a syntax
     error is reported at ``$`` with its line and column.
     """
     if not isinstance(text, str):
@@ -113,7 +114,6 @@ def parse_capability_yaml(text: str) -> AgentSpec:
             **_reach_fields(c),
             "kind": c.get("type"),
             "path": first.get("path"),
-            "method": first.get("method"),
         }
         languages = fields["languages"]
         if isinstance(language, str) and isinstance(languages or [], list):
@@ -166,7 +166,6 @@ def parse_agent_card(card: object) -> AgentSpec:
             **_reach_fields(extension),
             "kind": extension.get("kind", "stream" if streaming else "sync"),
             "path": extension.get("path"),
-            "method": extension.get("method"),
         }
         caps.append((f"{at}.id", fields, _schema_checks(f"{at}.x-reach", extension)))
     agent = {
@@ -261,7 +260,7 @@ def _finish(agent: dict[str, Any], caps: list[_RawCapability], problems: Problem
         raise DescriptorError(problems)
     agent["capabilities"] = tuple(_capability(fields) for _, fields, _ in caps)
     agent |= {key: _text(agent.get(key)) for key in ("description", "team")}
-    agent |= {key: _int(agent.get(key)) for key in _INT_FIELDS if key in agent}
+    agent |= {key: _int(agent.get(key)) for key in _AGENT_INTS if key in agent}
     return AgentSpec(**_given(agent))
 
 
@@ -303,7 +302,7 @@ def _liveness(raw: object, problems: Problems) -> tuple[int | None, int | None]:
 def _json_capability(i: int, c: dict[str, Any]) -> _RawCapability:
     at = f"capabilities[{i}]"
     fields = {"capability_id": c.get("id", c.get("type")), **_described(c), **_reach_fields(c)}
-    fields |= {"kind": c.get("kind"), "path": c.get("path"), "method": c.get("method")}
+    fields |= {"kind": c.get("kind"), "path": c.get("path")}
     checks = _schema_checks(at, c)
     params = c.get("params")
     if fields["input_schema"] is None and isinstance(params, dict):
@@ -354,7 +353,7 @@ def _capability(fields: dict[str, Any]) -> CapabilitySpec:
         "output_schema": copy.deepcopy(fields["output_schema"]),
         "adapter": copy.deepcopy(fields.get("adapter")),
     }
-    built |= {key: _int(built[key]) for key in _INT_FIELDS if key in built}
+    built |= {key: _int(built[key]) for key in _CAPABILITY_INTS if key in built}
     return CapabilitySpec(**_given(built))
 
 

@@ -3,7 +3,9 @@
 These check shape only: types, ranges, patterns, enums. Rules that span fields
 (unique capability ids, lease TTL against heartbeat interval, embedded schemas
 being valid JSON Schemas) live in ``parse.py``. Unknown keys are allowed
-everywhere so descriptors can carry fields a newer registry understands.
+everywhere so descriptors can carry fields a newer registry understands; they
+are ignored. A capability's (or endpoint's) ``method``, which earlier descriptors
+declared, is one: the gateway always POSTs to a capability's path.
 """
 
 from __future__ import annotations
@@ -65,7 +67,6 @@ _DEFS: dict[str, Any] = {
     "url": {"type": "string", "maxLength": 500, "pattern": URL_PATTERN},
     "protocol": {"enum": ["openai", "http", "a2a"]},
     "kind": {"enum": ["sync", "stream", "async"]},
-    "method": {"enum": ["GET", "POST", "PUT", "PATCH", "DELETE"]},
     "path": {"type": "string", "maxLength": 500, "pattern": PATH_PATTERN},
     "languages": {"type": "array", "items": {"type": "string", "pattern": LANGUAGE_PATTERN}},
     # One direction or a list of them; pattern/items each apply only to their own type.
@@ -135,7 +136,6 @@ JSON_DESCRIPTOR_SCHEMA: dict[str, Any] = _document(
                         "params": {"type": "object", "additionalProperties": _ref("json_schema")},
                         "kind": _ref("kind"),
                         "path": _ref("path"),
-                        "method": _ref("method"),
                     },
                     "anyOf": [{"required": ["id"]}, {"required": ["type"]}],
                 },
@@ -185,7 +185,6 @@ CAPABILITY_YAML_SCHEMA: dict[str, Any] = _document(
                                 "properties": {
                                     "path": _ref("path"),
                                     "protocol": _ref("protocol"),
-                                    "method": _ref("method"),
                                 },
                             },
                         },
@@ -233,7 +232,6 @@ AGENT_CARD_SCHEMA: dict[str, Any] = _document(
                                 **_REACH_FIELDS,
                                 "kind": _ref("kind"),
                                 "path": _ref("path"),
-                                "method": _ref("method"),
                             },
                         },
                     },

@@ -305,7 +305,25 @@ capabilities:
 
     assert spec.protocol == "openai"
     (cap,) = spec.capabilities
-    assert (cap.languages, cap.path, cap.method) == (("de", "fr"), "/echo", "PUT")
+    assert (cap.languages, cap.path) == (("de", "fr"), "/echo")
+
+
+def test_a_declared_method_is_accepted_and_ignored() -> None:
+    """Earlier descriptors declared an HTTP method; the gateway always POSTs, so any
+    value parses and the spec is the one without it."""
+    yaml_text = "name: echo\ncapabilities:\n  - id: echo.text\n    endpoints: [{path: /echo%s}]\n"
+    card = {"name": "echo", "url": "http://127.0.0.1:9000/",
+            "skills": [{"id": "echo.text", "name": "Echo", "x-reach": {"path": "/echo"}}]}
+    with_method = copy.deepcopy(card)
+    with_method["skills"][0]["x-reach"]["method"] = "DELETE"
+
+    assert parse_json_descriptor(
+        _descriptor(capabilities=[{"id": "echo.text", "method": "GET"}])
+    ) == parse_json_descriptor(_descriptor())
+    assert parse_capability_yaml(yaml_text % ", method: PUT") == parse_capability_yaml(
+        yaml_text % ""
+    )
+    assert parse_agent_card(with_method) == parse_agent_card(card)
 
 
 def test_yaml_protocols_must_agree() -> None:

@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from django.utils import timezone
@@ -18,7 +17,8 @@ from registry.services import Heartbeat, instance_heartbeat, instances_sweep
 from registry.snapshot import build_table
 from tenants.choices import ApiKeyScope
 from tests import factories
-from tests.servers import ROOT
+from tests.support.servers import ROOT
+from tests.support.waiting import wait_for
 
 TTL = dt.timedelta(seconds=30)
 
@@ -35,16 +35,6 @@ def _start_agent(control_url: str, key: str, *extra: str) -> tuple[subprocess.Po
     return proc, json.loads(line[len("READY "):])
 
 
-def _wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not met in time")
-
-
 @pytest.fixture
 def registration_key(transactional_db):
     factories.seed_defaults()
@@ -58,8 +48,9 @@ def test_a_killed_agent_goes_unknown_then_offline(live_server, registration_key)
         instance = Instance.objects.get(pk=ready["instance"])
         first = instance.last_heartbeat_at
         # Heartbeats arrive over real HTTP: wait for two more than registration's.
-        _wait_for(lambda: Instance.objects.filter(
-            pk=instance.pk, last_heartbeat_at__gt=first).exists())
+        wait_for(lambda: Instance.objects.filter(
+            pk=instance.pk, last_heartbeat_at__gt=first).exists(), timeout=20,
+            message="a heartbeat after registration's")
         proc.kill()
         proc.wait(timeout=10)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,16 +10,14 @@ import pytest
 from django.conf import settings
 
 from registry.models import Agent, AgentToken, Capability, Instance
+from registry.spec import CapabilitySpec
 from tenants.choices import ApiKeyScope
 from tests import factories
 from tests.conftest import key_client
 
 EXAMPLES = Path(__file__).parent / "examples"
-CAP_FIELDS = [
-    "capability_id", "display_name", "description", "keywords", "languages", "directions",
-    "input_schema", "output_schema", "param_map", "timeout_ms", "qps", "burst", "kind",
-    "version", "path", "method",
-]
+# Every field a descriptor sets.
+CAP_FIELDS = [f.name for f in dataclasses.fields(CapabilitySpec)]
 
 
 def register(client, body, **headers):

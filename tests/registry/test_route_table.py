@@ -10,7 +10,6 @@ import time
 import orjson
 import pytest
 from django.conf import settings
-from django.db import connections
 
 from registry.health import Load
 from registry.models import Agent, Instance
@@ -22,7 +21,9 @@ from routing.table import table_to_wire
 from tenants.models import ApiKey
 from tenants.services import api_key_revoke
 from tests import factories
-from tests.servers import ROOT, platform_env, postgres_stopped
+from tests.support.forwarder import Forwarder
+from tests.support.servers import ROOT, platform_env
+from tests.support.waiting import wait_for
 
 SECRET = "sk-downstream-do-not-persist"
 
@@ -143,9 +144,12 @@ def test_a_separate_process_follows_changes_and_survives_postgres_going_away(
     transactional_db, tmp_path
 ):
     db = settings.DATABASES["default"]
+    # The watchers reach PostgreSQL through a forwarder this test owns: cutting it takes
+    # the database away from them alone, while this process keeps using it directly.
+    postgres = Forwarder(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))
     env = platform_env(
         tmp_path,
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        DATABASE_URL=f"postgres://{db['USER']}@127.0.0.1:{postgres.port}/{db['NAME']}",
         REDIS_URL=settings.REDIS_URL,
         REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
         REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
@@ -161,12 +165,11 @@ def test_a_separate_process_follows_changes_and_survives_postgres_going_away(
         endpoint = "http://127.0.0.1:9401/"
         seen = watcher.next_line(lambda line: endpoint in line["instances"])
         assert seen["instances"][endpoint] == "healthy"
-        deadline = time.monotonic() + 10
-        while endpoint.encode() not in (snapshot.read_bytes() if snapshot.exists() else b""):
-            assert time.monotonic() < deadline, "snapshot was never persisted"
-            time.sleep(0.1)
+        wait_for(lambda: snapshot.exists() and endpoint.encode() in snapshot.read_bytes(),
+                 timeout=10, interval=0.1, message="the snapshot to be persisted")
+        assert postgres.accepted, "the watcher does not reach PostgreSQL via the forwarder"
 
-        with postgres_stopped():
+        with postgres.outage():
             # A delta from the future: the watcher must reload, cannot, keeps serving.
             from reach_platform.bus import route_bus
 
@@ -179,13 +182,12 @@ def test_a_separate_process_follows_changes_and_survives_postgres_going_away(
             started = cold.next_line(lambda line: line["event"] == "start")
             assert started["instances"] == {endpoint: "healthy"}
             assert started["version"] == seen["version"]
-        connections.close_all()
         # Back up: the stale watcher reconciles on its own.
         recovered = watcher.next_line(lambda line: line["event"] == "change" and not line["stale"])
         assert endpoint in recovered["instances"]
         assert Instance.objects.filter(endpoint=endpoint).exists()
     finally:
-        connections.close_all()
         watcher.close()
         if cold is not None:
             cold.close()
+        postgres.close()

@@ -164,9 +164,22 @@ def test_wire_round_trip_preserves_every_field(source):
     assert table_from_wire(table_to_wire(source.table)) == source.table
 
 
+def test_a_capability_field_since_removed_is_dropped_on_the_way_in(source):
+    # A snapshot file, or a delta from a control plane not yet upgraded, still carries it.
+    source.upsert(agent(1))
+    wire = table_to_wire(source.table)
+    wire["agents"][0]["capabilities"][0]["method"] = "POST"
+    assert table_from_wire(wire) == source.table
+
+
 def test_entries_are_immutable():
     entry = agent(1)
     with pytest.raises(AttributeError):
         entry.name = "x"  # type: ignore[misc]
     with pytest.raises(TypeError):
         entry.capabilities[0].input_schema["type"] = "array"  # type: ignore[index]
+    # Lists handed in (an ORM row's JSON) are copied into tuples, not kept.
+    keywords = ["a"]
+    capability = CapabilityEntry(pk=1, capability_id="c", keywords=keywords)
+    keywords.append("b")
+    assert capability.keywords == ("a",)
