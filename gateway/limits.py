@@ -5,8 +5,9 @@ nothing: if any bucket lacks ``cost`` tokens none is debited and the verdict nam
 refusing limit with its retry-after; otherwise every bucket is debited.
 
 ``RedisLimiter`` decides a whole check in one Lua script call, on Redis's own clock, so every
-gateway process shares one timeline whatever its local clock says. It never raises on Redis
-trouble: it reports a degraded verdict per its fail-open/closed policy instead.
+gateway process shares one timeline whatever its local clock says (a test may inject a clock
+instead). It never raises on Redis trouble: it reports a degraded verdict per its
+fail-open/closed policy instead.
 ``InProcessLimiter`` has the same semantics in memory for a single-process deployment.
 """
 
@@ -125,11 +126,15 @@ class InProcessLimiter:
         self._sweep_above = max(self.MAX_BUCKETS, 2 * len(self._buckets))
 
 
-# KEYS: bucket keys. ARGV: cost, then rate and burst per key (as strings: floats survive).
+# KEYS: bucket keys. ARGV: cost, then rate and burst per key (as strings: floats survive),
+# then optionally the time in integer microseconds; absent, the script reads Redis's TIME.
 # Returns {1, 0, "0"} when all were debited, else {0, index of first refusal, retry-after}.
 _LUA = """
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_us = tonumber(ARGV[2 * #KEYS + 2])
+if now_us == nil then
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local cost = tonumber(ARGV[1])
 local pending, order = {}, {}
 for i, key in ipairs(KEYS) do
@@ -171,14 +176,22 @@ class RedisLimiter:
     it calls ``on_degraded`` (if given) and returns ``Verdict(fail_open, 0 or 1.0, None,
     degraded=True)``. Bound its latency with the client's socket (connect) timeouts and retry
     policy.
+
+    Refill runs on Redis's ``TIME`` unless ``clock`` (seconds, any origin) is given: then
+    each check passes ``clock()`` to the script instead, so tests can stop and step time.
+    Every limiter sharing a bucket must then read the same clock, and a clock going back
+    adds no tokens. Idle buckets still expire on Redis's own clock, after about twice their
+    refill time.
     """
 
     def __init__(self, client: redis.asyncio.Redis, *, prefix: str, fail_open: bool = True,
-                 on_degraded: Callable[[], None] | None = None) -> None:
+                 on_degraded: Callable[[], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         self._script = client.register_script(_LUA)
         self._prefix = prefix + "rl:"
         self._fail_open = fail_open
         self._on_degraded = on_degraded
+        self._clock = clock
 
     async def check(self, limits: Sequence[Limit], cost: int = 1) -> Verdict:
         """Debit ``cost`` from every limit's bucket, or from none if any lacks it.
@@ -191,6 +204,9 @@ class RedisLimiter:
         args: list[str] = [str(cost)]
         for lim in limits:
             args += [repr(float(lim.rate_per_s)), str(lim.burst)]
+        if self._clock is not None:
+            # Integer microseconds, the unit the script keeps ``ts`` in.
+            args.append(str(round(self._clock() * 1_000_000)))
         try:
             ok, index, retry = await self._script(
                 keys=[self._prefix + lim.key for lim in limits], args=args)

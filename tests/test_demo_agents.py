@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from agent_reach.demo_agents import (
+from reach_platform.demo_agents import (
     CHAT_AGENT_ID,
     CHAT_SIGNATURE,
     RECORDED_REQUESTS,

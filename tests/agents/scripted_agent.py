@@ -8,7 +8,11 @@
 - ``POST /redirect``: a 302 the gateway must not follow;
 - ``POST /v1/chat/completions``: OpenAI chat; a last message ``die after N`` streams N
   chunks and then kills this process with SIGKILL, mid-stream;
-- ``GET /healthz``; ``GET /_seen``: every request path and its X-Reach-Deadline-Ms so far.
+- ``POST /a2a``: A2A JSON-RPC; ``message/send`` answers a Message echoing the text,
+  ``message/stream`` streams one artifact-update per word, then a final status-update
+  reporting usage in ``metadata.usage`` (input 3, output = the number of words);
+- ``GET /healthz``; ``GET /_seen``: every request path, its X-Reach-Deadline-Ms and (for
+  echo, chat and A2A) its JSON body so far.
 Prints ``READY`` once listening.
 """
 
@@ -26,9 +30,14 @@ from aiohttp import web
 SEEN: list[dict] = []
 
 
+def _seen(request: web.Request, body=None) -> None:
+    SEEN.append({"path": request.path, "deadline": request.headers.get("X-Reach-Deadline-Ms"),
+                 "body": body})
+
+
 async def echo(request: web.Request) -> web.Response:
-    SEEN.append({"path": request.path, "deadline": request.headers.get("X-Reach-Deadline-Ms")})
     body = await request.json()
+    _seen(request, body)
     return web.json_response({"echo": body, "headers": dict(request.headers),
                               "query": dict(request.query)})
 
@@ -48,8 +57,8 @@ async def redirect(request: web.Request) -> web.Response:
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    SEEN.append({"path": request.path, "deadline": request.headers.get("X-Reach-Deadline-Ms")})
     body = await request.json()
+    _seen(request, body)
     text = body["messages"][-1]["content"]
     words = text.split()
     die_after = int(words[2]) if text.startswith("die after") else None
@@ -90,6 +99,32 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def a2a(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    _seen(request, body)
+    text = " ".join(p.get("text", "") for p in body["params"]["message"]["parts"]
+                    if p.get("kind") == "text")
+    if body["method"] == "message/send":
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {
+            "kind": "message", "role": "agent", "messageId": "m1",
+            "parts": [{"kind": "text", "text": f"a2a: {text}"}]}})
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    words = text.split()
+    for word in words:
+        event = {"jsonrpc": "2.0", "id": body["id"], "result": {
+            "kind": "artifact-update", "taskId": "t1", "contextId": "c1",
+            "artifact": {"artifactId": "a1", "parts": [{"kind": "text", "text": word}]}}}
+        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+    final = {"jsonrpc": "2.0", "id": body["id"], "result": {
+        "kind": "status-update", "taskId": "t1", "contextId": "c1", "final": True,
+        "status": {"state": "completed"},
+        "metadata": {"usage": {"input_tokens": 3, "output_tokens": len(words)}}}}
+    await response.write(f"data: {json.dumps(final)}\n\n".encode())
+    await response.write_eof()
+    return response
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -102,15 +137,19 @@ def main() -> None:
     app = web.Application()
     app.add_routes([web.post("/echo", echo), web.post("/slow", slow), web.post("/bad", bad),
                     web.post("/redirect", redirect), web.post("/v1/chat/completions", chat),
+                    web.post("/a2a", a2a),
                     web.get("/healthz", healthz), web.get("/_seen", seen)])
 
-    async def ready(_app) -> None:
+    async def serve() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", int(sys.argv[1])).start()
+        # Only now is the socket listening: READY before this would race the first call.
         sys.stdout.write("READY\n")
         sys.stdout.flush()
+        await asyncio.Event().wait()
 
-    app.on_startup.append(ready)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None,
-                access_log=None)
+    asyncio.run(serve())
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -10,13 +11,14 @@ import httpx
 import pytest
 from django.conf import settings
 
-from agent_reach.demo_agents import run_in_thread
+from reach_platform.demo_agents import run_in_thread
 from registry.descriptors import parse_json_descriptor
 from registry.services import agent_register
 from registry.spec import AgentSpec, CapabilitySpec
 from tenants.choices import ApiKeyScope
 from tests import factories
-from tests.servers import ROOT, free_port, platform_env, running, uvicorn_args
+from tests.support.forwarder import Forwarder
+from tests.support.servers import ROOT, free_port, platform_env, running, uvicorn_args
 
 
 def database_url() -> str:
@@ -50,6 +52,10 @@ class Gateway:
     tenant: object
     agent_port: int
     procs: list = field(default_factory=list)
+    # With @pytest.mark.gateway_via_forwarders: what the gateway reaches PostgreSQL and
+    # Redis through (None where that service is not configured); cut one for an outage.
+    postgres: Forwarder | None = None
+    redis: Forwarder | None = None
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=10,
@@ -80,7 +86,9 @@ def scripted_spec(port: int) -> list[AgentSpec]:
 @pytest.fixture
 def gateway(transactional_db, tmp_path, request):
     """Demo agents, the scripted agent, and a gateway process, all registered for one
-    tenant. ``@pytest.mark.gateway_env(KEY=value)`` adds gateway settings."""
+    tenant. ``@pytest.mark.gateway_env(KEY=value)`` adds gateway settings;
+    ``@pytest.mark.gateway_via_forwarders`` routes the gateway's PostgreSQL and Redis
+    connections through test-owned forwarders (``gateway.postgres``, ``gateway.redis``)."""
     factories.seed_defaults()
     tenant = factories.tenant()
     demo_agents, stop_demo = run_in_thread()
@@ -94,15 +102,27 @@ def gateway(transactional_db, tmp_path, request):
         key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
         marker = request.node.get_closest_marker("gateway_env")
         extra = marker.kwargs if marker else {}
-        env = platform_env(tmp_path, DATABASE_URL=database_url(),
-                           REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS), **extra)
-        if settings.REDIS_URL:
-            env |= {"REDIS_URL": settings.REDIS_URL,
-                    "REACH_REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX}
-        port = free_port()
-        with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "gw.log") as base:
-            yield Gateway(base=base, key=key, tenant=tenant, agent_port=agent_port,
-                          procs=[agent])
+        with contextlib.ExitStack() as forwarders:  # entered first: closed after the gateway
+            db_url, redis_url = database_url(), settings.REDIS_URL
+            postgres = redis = None
+            if request.node.get_closest_marker("gateway_via_forwarders"):
+                if not db_url.startswith("sqlite"):
+                    postgres = forwarders.enter_context(Forwarder.for_url(db_url))
+                    db_url = postgres.url(db_url)
+                if redis_url:
+                    redis = forwarders.enter_context(Forwarder.for_url(redis_url))
+                    redis_url = redis.url(redis_url)
+            env = platform_env(tmp_path, DATABASE_URL=db_url,
+                               REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
+                               **extra)
+            if redis_url:
+                env |= {"REDIS_URL": redis_url,
+                        "REACH_REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX}
+            port = free_port()
+            with running(uvicorn_args(port), env=env, port=port,
+                         log=tmp_path / "gw.log") as base:
+                yield Gateway(base=base, key=key, tenant=tenant, agent_port=agent_port,
+                              procs=[agent], postgres=postgres, redis=redis)
     finally:
         stop(agent)
         stop_demo()

@@ -1,13 +1,27 @@
-"""Protocol adapters and SSE framing: pure functions, no network."""
+"""Protocols and SSE framing: pure code, no network."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.adapters import build_request, parse_response
-from gateway.sse import EventFramer, StreamUsage, data_of, error_event
+from gateway.protocols import PROTOCOLS
+from gateway.sse import EventFramer, data_of
 from reach_core.errors import ReachError
+from reach_core.kinds import Protocol
 from routing.table import AgentEntry, CapabilityEntry
+
+
+def build_request(agent, capability, payload, **kw):
+    return PROTOCOLS[agent.protocol].request(agent, capability, payload, **kw)
+
+
+def parse_response(agent, capability, body):
+    return PROTOCOLS[agent.protocol].parse(agent, capability, body)
+
+
+def test_every_protocol_kind_has_a_registered_protocol():
+    assert set(PROTOCOLS) == set(Protocol)
+    assert all(PROTOCOLS[kind].name == kind for kind in Protocol)
 
 
 def agent(protocol: str) -> AgentEntry:
@@ -95,17 +109,52 @@ def test_events_are_reframed_whole_across_arbitrary_chunks():
     assert events == [b"data: one\n\n", b"data: two\n\n", b"event: x\ndata: three\n\n"]
     assert framer.pending == b""
     assert data_of(events[2]) == b"three"
-    assert error_event({"error": {"code": "x"}}).startswith(b"event: error\ndata: {")
+    event = ReachError("upstream_error", "broke").sse_event("r-1")
+    assert event.startswith(b"event: error\ndata: {") and event.endswith(b"\n\n")
+    assert data_of(event.rstrip(b"\n")).startswith(b'{"error":{"code":"upstream_error"')
 
 
 def test_stream_usage_prefers_the_agents_figures_and_estimates_otherwise():
-    reported = StreamUsage()
+    reported = PROTOCOLS["openai"].stream_meter()
     reported.observe(b'{"choices": [{"delta": {"content": "a b"}}]}')
     assert reported.observe(b'{"choices": [], "usage": {"prompt_tokens": 5, '
                             b'"completion_tokens": 9}}') is True
     assert reported.totals() == (5, 9)
-    estimated = StreamUsage()
+    estimated = PROTOCOLS["openai"].stream_meter()
     estimated.observe(b'{"choices": [{"delta": {"content": "hello world"}}]}')
     estimated.observe(b'{"choices": [{"delta": {"content": "\xe4\xbd\xa0\xe5\xa5\xbd"}}]}')
     estimated.observe(b"[DONE]")
     assert estimated.totals() == (0, 2 + 3)  # two words; two CJK characters + one "word"
+
+
+def test_an_a2a_stream_is_metered_as_a2a_events_not_as_chat_chunks():
+    meter = PROTOCOLS["a2a"].stream_meter()
+    meter.observe(b'{"jsonrpc": "2.0", "id": "r", "result": {"kind": "artifact-update", '
+                  b'"artifact": {"parts": [{"kind": "text", "text": "one two three"}]}}}')
+    meter.observe(b'{"jsonrpc": "2.0", "id": "r", "result": {"kind": "status-update", '
+                  b'"status": {"state": "working", "message": {"parts": '
+                  b'[{"kind": "text", "text": "four"}]}}}}')
+    assert meter.totals() == (0, 4)
+    # The chat meter finds nothing in the same events: they are not chat chunks.
+    chat = PROTOCOLS["openai"].stream_meter()
+    chat.observe(b'{"jsonrpc": "2.0", "result": {"kind": "artifact-update", "artifact": '
+                 b'{"parts": [{"kind": "text", "text": "one two three"}]}}}')
+    assert chat.totals() == (0, 0)
+    reported = PROTOCOLS["a2a"].stream_meter()
+    reported.observe(b'{"jsonrpc": "2.0", "id": "r", "result": {"kind": "status-update", '
+                     b'"status": {"state": "completed"}, "final": true, '
+                     b'"metadata": {"usage": {"input_tokens": 7, "output_tokens": 11}}}}')
+    assert reported.totals() == (7, 11)
+
+
+def test_chat_input_is_shaped_by_the_protocol():
+    chat = {"model": "m", "stream": True, "temperature": 0.2,
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "hello"}]}
+    assert PROTOCOLS["openai"].chat_input(chat) == {
+        "temperature": 0.2, "messages": chat["messages"]}
+    assert PROTOCOLS["http"].chat_input(chat) == {"text": "hello"}
+    assert PROTOCOLS["a2a"].chat_input(chat) == {"text": "hello"}
+    with pytest.raises(ReachError) as missing:
+        PROTOCOLS["http"].chat_input({"messages": [{"role": "system", "content": "x"}]})
+    assert missing.value.code == "invalid_input"

@@ -5,14 +5,7 @@ from __future__ import annotations
 import threading
 
 from gateway.breaker import BreakerState, CircuitBreakers
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def _breakers(clock: FakeClock) -> CircuitBreakers:
@@ -58,11 +51,11 @@ def test_old_outcomes_slide_out_of_window() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
     _feed(cb, 1, 0, 9)
-    clock.now += 61
+    clock.advance(61)
     # The nine old failures are gone: nine ok + one fail is 10 %, not a trip.
     _feed(cb, 1, 9, 1)
     assert cb.state(1) is BreakerState.CLOSED
-    clock.now += 30
+    clock.advance(30)
     # The previous ten still count: 4 fails of 13 is ≥ 30 %.
     _feed(cb, 1, 0, 3)
     assert cb.state(1) is BreakerState.OPEN
@@ -72,9 +65,9 @@ def test_open_refuses_until_cooldown_then_one_probe() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
     _open(cb, 1)
-    clock.now += 29.9
+    clock.advance(29.9)
     assert not cb.allow(1)
-    clock.now += 0.1
+    clock.advance(0.1)
     assert cb.state(1) is BreakerState.HALF_OPEN
     assert cb.allow(1)
     assert not cb.allow(1)
@@ -86,7 +79,7 @@ def test_probe_success_closes_and_clears_window() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
     _open(cb, 1)
-    clock.now += 30
+    clock.advance(30)
     assert cb.allow(1)
     cb.record(1, ok=True)
     assert cb.state(1) is BreakerState.CLOSED
@@ -100,14 +93,14 @@ def test_probe_failure_reopens_with_fresh_cooldown() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
     _open(cb, 1)
-    clock.now += 30
+    clock.advance(30)
     assert cb.allow(1)
-    clock.now += 5
+    clock.advance(5)
     cb.record(1, ok=False)
     assert cb.state(1) is BreakerState.OPEN
-    clock.now += 29
+    clock.advance(29)
     assert not cb.allow(1)
-    clock.now += 1
+    clock.advance(1)
     assert cb.allow(1)
 
 
@@ -115,12 +108,12 @@ def test_stuck_probe_is_replaced_after_cooldown() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
     _open(cb, 1)
-    clock.now += 30
+    clock.advance(30)
     assert cb.allow(1)
-    clock.now += 29
+    clock.advance(29)
     assert not cb.allow(1)
     assert cb.open_instances() == {1}
-    clock.now += 1
+    clock.advance(1)
     assert cb.open_instances() == frozenset()
     assert cb.allow(1)
     assert not cb.allow(1)
@@ -132,7 +125,7 @@ def test_late_results_while_open_do_not_close() -> None:
     _open(cb, 1)
     _feed(cb, 1, 50, 0)
     assert cb.state(1) is BreakerState.OPEN
-    clock.now += 30
+    clock.advance(30)
     # Half-open but no probe issued yet: a straggler's success is not the probe's.
     cb.record(1, ok=True)
     assert cb.state(1) is BreakerState.HALF_OPEN
@@ -146,7 +139,7 @@ def test_open_instances_in_each_state() -> None:
     _open(cb, 2)
     assert cb.open_instances() == {2}
     assert cb.states() == {2: BreakerState.OPEN}
-    clock.now += 30
+    clock.advance(30)
     # Half-open, no probe out: the router may pick it so the call becomes the probe.
     assert cb.open_instances() == frozenset()
     assert cb.states() == {2: BreakerState.HALF_OPEN}
@@ -173,7 +166,7 @@ def test_closed_breakers_with_empty_window_are_dropped() -> None:
     cb = _breakers(clock)
     for pk in range(100):
         cb.record(pk, ok=True)
-    clock.now += 61
+    clock.advance(61)
     assert cb.states() == {}
     assert cb._breakers == {}
 
@@ -182,7 +175,7 @@ def test_concurrent_allow_issues_exactly_one_probe() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
     _open(cb, 1)
-    clock.now += 30
+    clock.advance(30)
     barrier = threading.Barrier(16)
     results: list[bool] = []
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import socket
 import time
 
-import httpx
 import openai
 import pytest
+
+from tests.support.metrics import scrape
 
 
 def invoke(gateway, capability, payload, **kw):
@@ -88,8 +89,8 @@ def test_an_output_schema_violation_is_refused_and_counted(gateway):
     response = invoke(gateway, "bad.op", {})
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_bad_response"
-    metrics = httpx.get(f"{gateway.base}/metrics").text
-    assert 'reach_upstream_bad_responses_total{capability="bad.op"} 1.0' in metrics
+    assert scrape(gateway.base, "reach_upstream_bad_responses_total",
+                  {"capability": "bad.op"}) == 1.0
 
 
 def test_redirects_from_agents_are_not_followed(gateway):
@@ -163,8 +164,7 @@ def test_the_same_idempotency_key_twenty_times_concurrently_runs_the_agent_once(
     assert len({r.json()["request_id"] for r in responses}) == 1  # one execution, replayed
     assert sum(1 for r in responses if r.headers.get("idempotent-replayed")) == 19
     assert len([s for s in gateway.seen() if s["path"] == "/echo"]) == 1
-    tokens = httpx.get(f"{gateway.base}/metrics").text
-    assert "reach_idempotent_replays_total 19.0" in tokens
+    assert scrape(gateway.base, "reach_idempotent_replays_total") == 19.0
     with gateway.client() as client:
         reused = client.post("/v1/invoke", json={**body, "input": {"order": 43}},
                              headers={"Idempotency-Key": "pay-42"})

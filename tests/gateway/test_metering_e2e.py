@@ -4,7 +4,6 @@ every call is stored once, and the rows add up to the gateway's own counters."""
 from __future__ import annotations
 
 import concurrent.futures
-import re
 import threading
 import time
 import uuid
@@ -20,7 +19,8 @@ from metering.models import UsageEvent
 from reach_platform.celery import app
 from tests.gateway.conftest import database_url
 from tests.metering.test_consumer_crash import Worker
-from tests.servers import platform_env
+from tests.support.metrics import metric_value
+from tests.support.servers import platform_env
 
 pytestmark = pytest.mark.skipif(
     not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),
@@ -29,11 +29,6 @@ pytestmark = pytest.mark.skipif(
 
 CALLS = 10_000
 TASK_KWARGS = {"batch": 250, "max_batches": 4, "block_ms": 200, "claim_idle_ms": 2_000}
-
-
-def _metric(text: str, pattern: str) -> float:
-    match = re.search(pattern + r" ([0-9.e+]+)", text)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_a_killed_consumer_loses_and_duplicates_nothing_of_10000_calls(gateway, tmp_path):
@@ -96,9 +91,10 @@ def test_a_killed_consumer_loses_and_duplicates_nothing_of_10000_calls(gateway, 
 
     assert statuses.count(200) == CALLS
     metrics = httpx.get(f"{gateway.base}/metrics").text
-    gateway_calls = _metric(metrics, r'reach_calls_total\{endpoint="invoke",outcome="success"\}')
-    gateway_in = _metric(metrics, r'reach_tokens_total\{direction="input"\}')
-    gateway_out = _metric(metrics, r'reach_tokens_total\{direction="output"\}')
+    gateway_calls = metric_value(metrics, "reach_calls_total",
+                                 {"endpoint": "invoke", "outcome": "success"})
+    gateway_in = metric_value(metrics, "reach_tokens_total", {"direction": "input"})
+    gateway_out = metric_value(metrics, "reach_tokens_total", {"direction": "output"})
     sums = mine.aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
     assert mine.count() == mine.values("request_id").distinct().count() == CALLS
     assert gateway_calls == CALLS

@@ -10,7 +10,7 @@ from registry.services import agent_register
 from registry.spec import AgentSpec, CapabilitySpec
 from tenants.choices import ApiKeyScope
 from tests import factories
-from tests.servers import free_port, platform_env, running, uvicorn_args
+from tests.support.servers import free_port, platform_env, running, uvicorn_args
 
 
 def _database_url() -> str:

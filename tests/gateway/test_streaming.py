@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import time
 
-import httpx
 import pytest
 
 from tests import factories
+from tests.support.metrics import scrape
+from tests.support.waiting import wait_for
 
 
 def _tokens(gateway, direction: str) -> float:
-    text = httpx.get(f"{gateway.base}/metrics").text
-    match = re.search(rf'reach_tokens_total{{direction="{direction}"}} ([0-9.e+]+)', text)
-    return float(match.group(1)) if match else 0.0
+    return scrape(gateway.base, "reach_tokens_total", {"direction": direction}) or 0.0
 
 
 def stream_events(gateway, text: str) -> list[str]:
@@ -34,10 +32,9 @@ def test_a_stream_is_relayed_event_by_event_and_its_usage_counted(gateway):
     assert len(chunks) == 6 and events[-1] == "data: [DONE]"
     assert all(e.startswith("data: {") or e == "data: [DONE]" or '"usage"' in e
                for e in events)
-    deadline = time.monotonic() + 5
-    while _tokens(gateway, "output") < before + 6:  # metered after the stream closes
-        assert time.monotonic() < deadline, "the stream's tokens were never counted"
-        time.sleep(0.05)
+    # Metered after the stream closes, so possibly after we have read it all.
+    wait_for(lambda: _tokens(gateway, "output") >= before + 6, timeout=5,
+             message="the stream's tokens to be counted")
 
 
 @pytest.mark.gateway_env(REACH_GATEWAY_STREAM_IDLE_S="0.5")
@@ -58,11 +55,8 @@ def test_a_client_that_goes_away_cancels_the_upstream_call(gateway):
         for chunk in response.iter_raw():
             if b"chat.completion.chunk" in chunk:
                 break  # leave after the first event: the context closes the connection
-    deadline = time.monotonic() + 5
-    while not [s for s in gateway.seen() if "cancelled_at_word" in s]:
-        assert time.monotonic() < deadline, "the agent kept streaming to nobody"
-        time.sleep(0.05)
-    [cancelled] = [s for s in gateway.seen() if "cancelled_at_word" in s]
+    [cancelled] = wait_for(lambda: [s for s in gateway.seen() if "cancelled_at_word" in s],
+                           timeout=5, message="the agent to stop streaming to nobody")
     assert cancelled["cancelled_at_word"] < 100
 
 

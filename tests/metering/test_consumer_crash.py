@@ -23,7 +23,7 @@ from metering.ingest import GROUP, STREAM, usage_stream_append
 from metering.models import UsageEvent
 from reach_platform.celery import app
 from tests import factories
-from tests.servers import ROOT, platform_env
+from tests.support.servers import ROOT, platform_env
 
 pytestmark = pytest.mark.skipif(
     not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),

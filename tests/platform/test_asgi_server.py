@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.servers import free_port, platform_env, running, uvicorn_args
+from tests.support.servers import free_port, platform_env, running, uvicorn_args
 
 UNREACHABLE_PG = "postgres://postgres@127.0.0.1:1/reach_nowhere"
 UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"

@@ -6,13 +6,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.servers import free_port, platform_env, running
+from tests.support.servers import free_port, platform_env, running
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -119,12 +119,11 @@ def test_calls_are_metered_into_the_database_in_embedded_mode(first_run):
     reply = httpx.post(f"{base}/v1/invoke", headers=headers, json={
         "capability": "translate.text", "input": {"text": "thank you", "dest_lang": "ja"}})
     request_id = reply.json()["request_id"]
-    deadline = time.monotonic() + 15
-    while True:  # the in-process scheduler drains the gateway's usage queue every second
+
+    def metered() -> httpx.Response | None:
         found = httpx.get(f"{base}/api/v1/usage/events/{request_id}/", headers=headers)
-        if found.status_code == 200:
-            break
-        assert time.monotonic() < deadline, "the call was never metered"
-        time.sleep(0.2)
-    event = found.json()
+        return found if found.status_code == 200 else None
+
+    # The in-process scheduler drains the gateway's usage queue every second.
+    event = wait_for(metered, timeout=15, interval=0.2, message="the call to be metered").json()
     assert event["outcome"] == "success" and event["tenant"] == "demo"

@@ -1,0 +1,90 @@
+"""Real servers on loopback for tests: the platform under uvicorn, started as a subprocess.
+
+To take PostgreSQL or Redis away from a process under test, point it at a
+``tests.support.forwarder.Forwarder`` and cut that: never stop the machine's own servers,
+which other test runs share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from cryptography.fernet import Fernet
+
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def platform_env(data_dir: Path, **overrides: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
+        and not k.startswith("REACH_")
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="reach_platform.settings",
+        REACH_DATA_DIR=str(data_dir),
+        REACH_SECRET_KEY="test-server-secret-" + os.urandom(8).hex(),
+        REACH_CREDENTIAL_KEYS=Fernet.generate_key().decode(),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(overrides)
+    return env
+
+
+def wait_until_serving(base_url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Poll /healthz until it answers; fail fast if the process died."""
+
+    def serving() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            return httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(serving, timeout=timeout, interval=0.05, message=f"{base_url} to start")
+
+
+@contextlib.contextmanager
+def running(args: list[str], *, env: dict[str, str], port: int, log: Path) -> Iterator[str]:
+    """Run ``python <args>`` until the block ends; yields the base URL."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_until_serving(base_url, proc)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}; log:\n{log.read_text()[-4000:]}") from exc
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def uvicorn_args(port: int) -> list[str]:
+    return [
+        "-m", "uvicorn", "reach_platform.asgi:application", "--host", "127.0.0.1",
+        "--port", str(port), "--lifespan", "on", "--log-level", "warning",
+    ]
