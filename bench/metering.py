@@ -13,7 +13,7 @@ a unique key prefix). Two figures:
    the capability a qps limit (a Redis token-bucket check per call), every call
    emits a usage event shipped to the Redis stream and adds to the budget
    counters, and the consumer drains the stream concurrently. "Off":
-   ``REACH_GATEWAY_GOVERNED=false``. The ratio on/off.
+   ``bench/ungoverned_asgi.py``. The ratio on/off.
 
 Prints figures, asserts nothing; traffic stays on 127.0.0.1, runs are bounded.
 Last line: ``metering events_per_s=<x> on_off_ratio=<x>``
@@ -139,11 +139,11 @@ def main() -> None:
 
     results = {}
     try:
-        for label, governed in (("off", "false"), ("on", "true")):
+        for label, app in (("off", "bench.ungoverned_asgi:application"),
+                           ("on", "reach_platform.asgi:application")):
             port = free_port()
-            gateway = subprocess.Popen([*uvicorn, "--port", str(port),
-                                        "reach_platform.asgi:application"], cwd=ROOT,
-                                       env={**env, "REACH_GATEWAY_GOVERNED": governed})
+            gateway = subprocess.Popen([*uvicorn, "--port", str(port), app], cwd=ROOT,
+                                       env=env)
             consumer = None
             try:
                 wait_port(port, gateway, f"gateway ({label})")

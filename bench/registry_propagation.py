@@ -90,7 +90,7 @@ def main() -> None:
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "reach_platform.asgi:application", "--port",
-         str(port), "--workers", "2", "--lifespan", "off", "--log-level", "warning",
+         str(port), "--workers", "2", "--lifespan", "on", "--log-level", "warning",
          "--no-access-log"],
         cwd=ROOT, env=env,
     )

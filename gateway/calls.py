@@ -1,16 +1,12 @@
-"""One call to an agent, from a routed decision to an ``AgentResponse`` or a relayed stream.
+"""The upstream caller: one attempt at an agent, and reading its reply.
 
-Owns the resilience rules: the deadline (the agent's ``timeout_ms`` capped by
-the caller's budget), at most one retry on a different instance only while
-the budget lasts and only when the first attempt never reached the agent or
-the call is idempotent, the circuit breakers, and the feedback the router
-scores with.
+It opens and reads; policy (which instance, whether to retry, admission,
+metering) is the pipeline's (``gateway.pipeline``). Every outcome feeds the
+instance's circuit breaker and the router's success and latency feedback.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from dataclasses import dataclass, field
 
@@ -18,14 +14,15 @@ import aiohttp
 import orjson
 from jsonschema import Draft202012Validator
 
-from gateway.adapters import AgentResponse, UpstreamRequest, build_request, parse_response
 from gateway.breaker import CircuitBreakers
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
-from gateway.metrics import BAD_RESPONSES, RETRIES, UPSTREAM_LATENCY
+from gateway.metrics import BAD_RESPONSES, UPSTREAM_LATENCY
+from gateway.protocols import PROTOCOLS, AgentResponse
+from gateway.protocols.base import thaw
 from gateway.upstream import UpstreamFailure, UpstreamPools, translate_error
 from reach_core.errors import ReachError
-from routing.router import Candidate, Feedback, Router, RouteRequest
+from routing.router import Candidate, Feedback
 from routing.table import CapabilityEntry, RouteTable
 
 
@@ -35,10 +32,17 @@ class CallContext:
     tenant_pk: int
     tenant_slug: str
     started: float  # time.monotonic()
-    budget_ms: int
-    caller_bound: bool  # the caller's X-Reach-Deadline-Ms, not the agent's timeout, binds
+    budget_ms: int  # set by bind_budget once the capability is known
+    caller_budget_ms: int | None  # the caller's X-Reach-Deadline-Ms
     idempotent: bool
+    caller_bound: bool = False  # the caller's budget, not the agent's timeout, binds
     attempts: list[int] = field(default_factory=list)  # instance pks tried
+
+    def bind_budget(self, agent_budget_ms: int) -> None:
+        """The call's budget: the agent's timeout, capped by the caller's deadline."""
+        caller = self.caller_budget_ms
+        self.caller_bound = bool(caller and caller < agent_budget_ms)
+        self.budget_ms = min(agent_budget_ms, caller) if caller else agent_budget_ms
 
     def remaining_ms(self) -> float:
         return self.budget_ms - (time.monotonic() - self.started) * 1000
@@ -46,9 +50,9 @@ class CallContext:
     def timed_out(self) -> ReachError:
         if self.caller_bound:
             return ReachError("deadline_exceeded",
-                                f"The caller's budget of {self.budget_ms} ms ran out.")
+                              f"The caller's budget of {self.budget_ms} ms ran out.")
         return ReachError("upstream_timeout",
-                            f"The agent did not answer within {self.budget_ms} ms.")
+                          f"The agent did not answer within {self.budget_ms} ms.")
 
 
 class Validators:
@@ -62,8 +66,6 @@ class Validators:
             return {}
         cached = self._cache.get(id(schema))
         if cached is None or cached[0] is not schema:
-            from gateway.adapters import thaw
-
             cached = (schema, Draft202012Validator(thaw(schema)))
             if len(self._cache) > 10_000:
                 self._cache.clear()
@@ -97,10 +99,9 @@ class Upstream:
 
 
 class Caller:
-    def __init__(self, *, config: GatewayConfig, router: Router, breakers: CircuitBreakers,
+    def __init__(self, *, config: GatewayConfig, breakers: CircuitBreakers,
                  feedback: Feedback, credentials: Credentials) -> None:
         self.config = config
-        self.router = router
         self.breakers = breakers
         self.feedback = feedback
         self.credentials = credentials
@@ -112,34 +113,10 @@ class Caller:
         margin = min(self.config.deadline_margin_ms, remaining * self.config.deadline_margin_share)
         return max(1, int(remaining - margin))
 
-    async def open(self, table: RouteTable, route: RouteRequest, first: Candidate,
-                   payload: dict, ctx: CallContext, *, stream: bool) -> Upstream:
-        """Send the call and return once the agent's status line is in; retries once on
-        another instance when that is safe. Raises ``ReachError``."""
-        candidate = first
-        while True:
-            ctx.attempts.append(candidate.instance.pk)
-            try:
-                return await self._attempt(table, candidate, payload, ctx, stream=stream)
-            except UpstreamFailure as failure:
-                retry = self._retry_candidate(table, route, ctx, failure)
-                if retry is None:
-                    raise ReachError(failure.code, failure.message) from failure
-                RETRIES.inc()
-                low, high = self.config.retry_backoff_ms
-                await asyncio.sleep(random.uniform(low, high) / 1000)
-                candidate = retry
-
-    def _retry_candidate(self, table, route, ctx: CallContext, failure: UpstreamFailure):
-        if len(ctx.attempts) >= 2 or not (not failure.delivered or ctx.idempotent):
-            return None
-        if ctx.remaining_ms() < 2 * self.config.retry_backoff_ms[1]:
-            return None
-        decision = self.router.route(table, route, exclude=frozenset(ctx.attempts))
-        return decision.chosen
-
-    async def _attempt(self, table: RouteTable, candidate: Candidate, payload: dict,
-                       ctx: CallContext, *, stream: bool) -> Upstream:
+    async def attempt(self, table: RouteTable, candidate: Candidate, payload: dict,
+                      ctx: CallContext, *, stream: bool) -> Upstream:
+        """One attempt: send the call and return once the agent's status line is in.
+        Raises ``UpstreamFailure`` (the pipeline may retry it) or ``ReachError``."""
         instance, agent = candidate.instance, candidate.agent
         if not self.breakers.allow(instance.pk):
             raise UpstreamFailure("circuit_open", "the instance's circuit breaker is open",
@@ -147,8 +124,8 @@ class Caller:
         remaining = ctx.remaining_ms()
         if remaining <= 0:
             raise ctx.timed_out()
-        upstream: UpstreamRequest = build_request(agent, candidate.capability, payload,
-                                                  stream=stream, request_id=ctx.request_id)
+        upstream = PROTOCOLS[agent.protocol].request(agent, candidate.capability, payload,
+                                                     stream=stream, request_id=ctx.request_id)
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if stream else "application/json",
@@ -226,7 +203,8 @@ class Caller:
             BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
             raise ReachError("upstream_bad_response", "the agent's reply is not JSON") from exc
         try:
-            reply = parse_response(upstream.candidate.agent, upstream.candidate.capability, data)
+            agent = upstream.candidate.agent
+            reply = PROTOCOLS[agent.protocol].parse(agent, upstream.candidate.capability, data)
         except ReachError as error:
             if error.kind.code == "upstream_bad_response":
                 BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
@@ -260,5 +238,5 @@ class Caller:
         self.breakers.record(instance_pk, ok=ok)
         self.feedback.record(instance_pk, ok=ok, latency_ms=(time.monotonic() - started) * 1000)
 
-    def record_stream(self, instance_pk: int, *, ok: bool, started: float) -> None:
-        self._record(instance_pk, ok=ok, started=started)
+    def record_stream(self, upstream: Upstream, *, ok: bool) -> None:
+        self._record(upstream.candidate.instance.pk, ok=ok, started=upstream.started)

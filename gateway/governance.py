@@ -197,10 +197,10 @@ class Governor:
             return
         verdict = await self.limiter.check(limits)
         if not verdict.allowed:
-            error = ReachError("rate_limited", f"Rate limit {verdict.limit_key or ''} reached; "
-                                 f"retry after {verdict.retry_after_s:g} s.".replace("  ", " "))
-            error.retry_after = max(1, math.ceil(verdict.retry_after_s))
-            raise error
+            raise ReachError(
+                "rate_limited", f"Rate limit {verdict.limit_key or ''} reached; retry after "
+                f"{verdict.retry_after_s:g} s.".replace("  ", " "),
+                retry_after=max(1, math.ceil(verdict.retry_after_s)))
 
     def record(self, tenant_pk: int, candidate: Candidate, *, tokens: int,
                cost: float) -> None:

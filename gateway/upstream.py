@@ -78,10 +78,12 @@ class UpstreamPools:
             self._sessions[key] = session
         return session
 
-    async def close(self) -> None:
-        for session in self._sessions.values():
+    async def close(self) -> int:
+        """Close every session (and its connections); returns how many were open."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
             await session.close()
-        self._sessions.clear()
+        return sum(1 for s in sessions if s.closed)
 
 
 def translate_error(exc: BaseException) -> UpstreamFailure:

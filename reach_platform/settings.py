@@ -231,10 +231,6 @@ GATEWAY_INTERNAL_NETWORKS = tuple(
 # Rate limits when Redis is unreachable: let calls through (logged and counted in
 # reach_limits_degraded_total) or refuse them.
 RATE_LIMIT_FAIL_OPEN = env.bool("REACH_RATE_LIMIT_FAIL_OPEN", default=True)
-# Rate limits, budgets and usage metering in the gateway. Off only to measure their
-# cost (bench/metering.py); a platform that bills must leave it on.
-GATEWAY_GOVERNED = env.bool("REACH_GATEWAY_GOVERNED", default=True)
-
 # Circuit breakers, per instance: the field's defaults (60 s window, 30 % failures
 # after 10 calls, 30 s cool-down); tests shorten the cool-down.
 GATEWAY_BREAKER_WINDOW_S = env.float("REACH_BREAKER_WINDOW_S", default=60.0)

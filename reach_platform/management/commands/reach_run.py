@@ -34,7 +34,7 @@ class Command(BaseCommand):
         jobs = {}
         stop_agents = None
         if not no_demo:
-            from agent_reach.demo_agents import run_in_thread
+            from reach_platform.demo_agents import run_in_thread
 
             access = demo_setup()
             agents, stop_agents = run_in_thread(host)
@@ -61,7 +61,7 @@ class Command(BaseCommand):
         try:
             uvicorn.run(
                 "reach_platform.asgi:application", host=host, port=port, log_level="info",
-                lifespan="off", proxy_headers=False,
+                lifespan="on", proxy_headers=False,
             )
         finally:
             scheduler.stop()

@@ -1,0 +1,194 @@
+"""The gateway's doors: each turns one kind of request into a ``Call`` for the pipeline.
+
+- ``invoke``: ``POST /v1/invoke``, the platform's own contract (``AgentResponse``);
+- ``chat_completions``: ``POST /v1/chat/completions``, OpenAI-compatible so the official
+  SDK works: ``model`` names an agent (``name`` or ``namespace/name``) or a capability
+  (``capability:<id>``), or the ``X-Reach-Intent`` header routes by intent;
+- ``route``: ``GET /v1/route``, the dry run: ranked candidates, scores, drop reasons.
+
+A door parses and shapes; it never forwards, retries, meters or admits itself.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qs
+
+import orjson
+
+from gateway.http_io import parse_json
+from gateway.pipeline import Call, Request, Result, route_message
+from reach_core.errors import ReachError
+from routing.router import Router, RouteRequest
+from routing.table import RouteTable
+
+_ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
+
+
+# ---- POST /v1/invoke ------------------------------------------------------------------------
+
+
+def invoke(request: Request, *, internal: bool) -> Call:
+    body = parse_json(request.raw)
+    stream = _stream_flag(body)
+    if body.get("mode", "sync") != "sync":
+        raise ReachError("invalid_input", "Only mode 'sync' is available; async tasks "
+                         "and callbacks are not served by this gateway yet.")
+    payload, params = body.get("input", {}), body.get("params", {})
+    if not isinstance(payload, dict) or not isinstance(params, dict):
+        raise ReachError("invalid_input", "'input' and 'params' must be JSON objects.")
+    payload = {**params, **payload}
+    route = route_request(
+        request.key.tenant_pk,
+        {k: body.get(k) for k in _ROUTE_FIELDS} | {
+            "src_lang": payload.get("src_lang"), "dest_lang": payload.get("dest_lang"),
+            "input_chars": str(len(orjson.dumps(payload))),
+        },
+        namespace=request.header(b"x-reach-namespace"), internal=internal,
+    )
+    return Call(route=route, payload=lambda protocol: payload, reply=agent_response,
+                stream=stream)
+
+
+def agent_response(result: Result) -> dict:
+    candidate, reply, ctx = result.candidate, result.reply, result.ctx
+    total_ms = (time.monotonic() - ctx.started) * 1000
+    return {
+        "request_id": ctx.request_id,
+        "agent": candidate.agent.name,
+        "instance": candidate.instance.pk,
+        "capability": candidate.capability.capability_id,
+        "reply_content": reply.reply_content,
+        "tool_calls": reply.tool_calls,
+        "output": reply.output,
+        "raw_meta": reply.raw_meta,
+        "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+                  "cost": result.cost()},
+        "timings": {"route_ms": round(result.route_ms, 3),
+                    "upstream_ms": round(total_ms - result.route_ms, 3),
+                    "total_ms": round(total_ms, 3)},
+    }
+
+
+# ---- POST /v1/chat/completions --------------------------------------------------------------
+
+
+def chat_completions(request: Request, *, internal: bool) -> Call:
+    body = parse_json(request.raw)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ReachError("invalid_input", "'messages' must be a non-empty list.")
+    stream = _stream_flag(body)
+    route = _chat_route(request.table, request.key.tenant_pk, body.get("model"),
+                        request.header(b"x-reach-intent"),
+                        request.header(b"x-reach-namespace") or "default", internal)
+    wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) \
+        if isinstance(body.get("stream_options"), dict) else False
+    return Call(
+        route=route, payload=lambda protocol: protocol.chat_input(body),
+        reply=completion, stream=stream,
+        relays=lambda protocol: protocol.speaks_chat, events=completion_events,
+        keep_usage_events=wants_usage,
+    )
+
+
+def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespace: str,
+                internal: bool) -> RouteRequest:
+    base = {"tenant_pk": tenant_pk, "namespace": namespace, "internal_network": internal}
+    if intent:
+        return RouteRequest(intent=intent, **base)
+    if not isinstance(model, str) or not model:
+        raise ReachError("invalid_input", "'model' must name an agent or 'capability:<id>' "
+                         "(or send the X-Reach-Intent header).")
+    if model.startswith("capability:"):
+        return RouteRequest(capability=model.split(":", 1)[1], **base)
+    for agent in table.agents.values():
+        if model in (agent.name, f"{agent.namespace}/{agent.name}") and agent.capabilities:
+            return RouteRequest(capability=agent.capabilities[0].capability_id, agent=model,
+                                **base)
+    raise ReachError("no_capability", f"No agent is named {model!r}.")
+
+
+def completion(result: Result) -> dict:
+    reply = result.reply
+    message = {"role": "assistant", "content": reply.reply_content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return {
+        "id": f"chatcmpl-{result.ctx.request_id}", "object": "chat.completion",
+        "created": int(time.time()), "model": result.candidate.agent.name,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": reply.raw_meta.get("finish_reason") or "stop"}],
+        "usage": {"prompt_tokens": reply.input_tokens,
+                  "completion_tokens": reply.output_tokens,
+                  "total_tokens": reply.input_tokens + reply.output_tokens},
+    }
+
+
+def completion_events(result: Result) -> bytes:
+    """A whole answer as a chat stream: one content chunk, the final chunk, ``[DONE]``."""
+    whole = completion(result)
+    base = {"id": whole["id"], "object": "chat.completion.chunk",
+            "created": whole["created"], "model": whole["model"]}
+    events = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                    "content": result.reply.reply_content
+                                                    or ""},
+                              "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) \
+        + b"data: [DONE]\n\n"
+
+
+# ---- GET /v1/route --------------------------------------------------------------------------
+
+
+def dry_run(router: Router, request: Request, *, internal: bool) -> dict:
+    """Ranked candidates with every score component and each drop reason; calls nobody."""
+    table = request.table
+    query = {k: v[-1] for k, v in
+             parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+    route = route_request(request.key.tenant_pk, query,
+                          namespace=request.header(b"x-reach-namespace"), internal=internal)
+    decision = router.route(table, route, pick=False)
+    explained = {"table_version": table.version, **decision.explain()}
+    if decision.error:
+        raise ReachError(decision.error, route_message(decision), explain=explained)
+    return {"request_id": request.request_id, **explained}
+
+
+# ---- shared ---------------------------------------------------------------------------------
+
+
+def _stream_flag(body: dict) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ReachError("invalid_input", "'stream' must be true or false.")
+    return stream
+
+
+def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
+                  internal: bool = False) -> RouteRequest:
+    capability, intent = params.get("capability"), params.get("intent")
+    if bool(capability) == bool(intent):
+        raise ReachError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
+    if not isinstance(capability or intent, str):
+        raise ReachError("invalid_input", "'capability' and 'intent' must be strings.")
+    input_chars = params.get("input_chars")
+    if input_chars is not None and not str(input_chars).isdigit():
+        raise ReachError("invalid_input", "'input_chars' must be a non-negative integer.")
+    cost_preference = params.get("cost") or "best"
+    if cost_preference not in ("best", "cheapest"):
+        raise ReachError("invalid_input", "'cost' must be 'best' or 'cheapest'.")
+    for name in ("min_version", "src_lang", "dest_lang", "format", "namespace"):
+        if params.get(name) is not None and not isinstance(params.get(name), str):
+            raise ReachError("invalid_input", f"'{name}' must be a string.")
+    return RouteRequest(
+        tenant_pk=tenant_pk, capability=capability, intent=intent,
+        namespace=namespace or params.get("namespace") or "default",
+        min_version=params.get("min_version"), src_lang=params.get("src_lang"),
+        dest_lang=params.get("dest_lang"), input_format=params.get("format"),
+        input_chars=int(input_chars) if input_chars is not None else None,
+        cost_preference=cost_preference, internal_network=internal,
+    )

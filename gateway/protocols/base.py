@@ -1,0 +1,159 @@
+"""What every agent protocol provides, and the plain-data helpers they share.
+
+A protocol turns a call (the capability and the caller's input, already in the
+agent's own parameter names) into an upstream request, reads the agent's reply
+into an ``AgentResponse``, shapes a chat door's request into its own input, and
+meters its own stream events. Pure code over plain data: no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+from reach_core.errors import ReachError
+from routing.table import AgentEntry, CapabilityEntry
+
+
+@dataclass
+class AgentResponse:
+    reply_content: str | None = None
+    tool_calls: list | None = None
+    output: Any = None
+    raw_meta: dict = field(default_factory=dict)
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    path: str
+    body: dict
+
+
+class StreamMeter:
+    """Counts a stream's tokens event by event: the agent's own figures when it reports
+    them, else an estimate from the text it streamed (a word, or a CJK character, per
+    token). Subclasses say where a protocol's events keep text and usage."""
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self._reported = False
+        self._estimated = 0
+
+    def observe(self, data: bytes) -> bool:
+        """Read one event's ``data``; True when the event carries usage and nothing else
+        (a door that was not asked for usage may drop it)."""
+        if data == b"[DONE]":
+            return False
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(event, dict):
+            return False
+        usage, texts, usage_only = self.read_event(event)
+        if isinstance(usage, Mapping):
+            self.input_tokens = _int(usage.get("input_tokens") or usage.get("prompt_tokens"))
+            self.output_tokens = _int(usage.get("output_tokens")
+                                      or usage.get("completion_tokens"))
+            self._reported = True
+        for text in texts:
+            self._estimated += estimate_tokens(text)
+        return usage_only
+
+    def read_event(self, event: dict) -> tuple[Mapping | None, list[str], bool]:
+        """``(usage or None, texts streamed, usage only?)`` of one decoded event."""
+        usage = event.get("usage")
+        texts = [v for k in ("text", "content", "delta") if isinstance(v := event.get(k), str)]
+        return (usage if isinstance(usage, Mapping) else None), texts, False
+
+    def totals(self) -> tuple[int, int]:
+        if self._reported:
+            return self.input_tokens, self.output_tokens
+        return self.input_tokens, self._estimated
+
+
+class AgentProtocol:
+    """One way of talking to agents, registered by ``name`` in ``gateway.protocols``."""
+
+    name: ClassVar[str]
+    # Its streams are OpenAI chat-completion chunks: the chat door relays them as they
+    # are; for other protocols it calls without streaming and sends the answer as one chunk.
+    speaks_chat: ClassVar[bool] = False
+
+    def request(self, agent: AgentEntry, capability: CapabilityEntry, payload: dict, *,
+                stream: bool, request_id: str) -> UpstreamRequest:
+        raise NotImplementedError
+
+    def parse(self, agent: AgentEntry, capability: CapabilityEntry, body: Any) -> AgentResponse:
+        """Read a non-streamed reply. Raises ``ReachError`` for a reply that is not what the
+        protocol promises (``upstream_bad_response``) or one reporting failure."""
+        raise NotImplementedError
+
+    def chat_input(self, chat: dict) -> dict:
+        """The input for this protocol from an OpenAI chat request: the last user message."""
+        return {"text": last_user_text(chat.get("messages") or [])}
+
+    def stream_meter(self) -> StreamMeter:
+        return StreamMeter()
+
+
+def bad_response(message: str) -> ReachError:
+    return ReachError("upstream_bad_response", message)
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def usage_tokens(usage: Any) -> tuple[int, int]:
+    """``(input, output)`` from a usage object in either naming (OpenAI's or ours)."""
+    if not isinstance(usage, Mapping):
+        return 0, 0
+    return (_int(usage.get("input_tokens") or usage.get("prompt_tokens")),
+            _int(usage.get("output_tokens") or usage.get("completion_tokens")))
+
+
+def estimate_tokens(text: str) -> int:
+    cjk = sum(1 for ch in text if "\u3400" <= ch <= "\u9fff")
+    return cjk + len(text.split()) if text.strip() else 0
+
+
+def last_user_text(messages: list) -> str:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):  # content parts
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    raise ReachError("invalid_input", "'messages' needs a user message.")
+
+
+def thaw(value: Any) -> Any:
+    """A route table's frozen mapping as plain, JSON-ready dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    return value
+
+
+def dig(data: Any, path: str) -> Any:
+    """``a.b.0.c`` into nested dicts and lists; None when any step is missing."""
+    for part in [p for p in path.split(".") if p]:
+        if isinstance(data, Mapping):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data

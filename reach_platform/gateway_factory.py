@@ -1,0 +1,113 @@
+"""Builds the gateway, and the whole ASGI application, from Django settings: the one
+place their parts are chosen. Import it after Django is set up (``reach_platform.asgi``).
+
+Embedded mode (no ``REDIS_URL``): in-process idempotency records, rate limits,
+budget counters and usage queue (drained by the run command's scheduler).
+Production: all of them shared through Redis by every gateway process, and
+usage shipped to the Redis stream the metering workers consume. The app is
+complete when constructed; nothing is patched in afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+
+from gateway.app import GatewayApp
+from gateway.breaker import CircuitBreakers
+from gateway.config import GatewayConfig
+from gateway.governance import Governor, MemoryUsageCounters, RedisUsageCounters
+from gateway.idempotency import MemoryStore, RedisStore
+from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
+from gateway.metrics import LIMITS_DEGRADED
+from gateway.usage import UsageQueue, ship_to_redis
+from registry.services import endpoint_policy
+from routing.router import IntentIndexHolder, Router
+from routing.table import RouteTable
+
+
+def gateway_config() -> GatewayConfig:
+    return GatewayConfig(
+        policy=endpoint_policy(),
+        credential_keys=tuple(settings.CREDENTIAL_KEYS),
+        max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
+        stream_idle_timeout_s=settings.GATEWAY_STREAM_IDLE_S,
+        internal_networks=settings.GATEWAY_INTERNAL_NETWORKS,
+    )
+
+
+def circuit_breakers() -> CircuitBreakers:
+    return CircuitBreakers(
+        window_seconds=settings.GATEWAY_BREAKER_WINDOW_S,
+        failure_ratio=settings.GATEWAY_BREAKER_FAILURE_RATIO,
+        min_volume=settings.GATEWAY_BREAKER_MIN_VOLUME,
+        cooldown_seconds=settings.GATEWAY_BREAKER_COOLDOWN_S,
+    )
+
+
+def build_gateway(*, table: Callable[[], RouteTable], router: Router,
+                  governed: bool = True) -> GatewayApp:
+    """The gateway for this process's settings. ``governed=False`` leaves out admission
+    and metering, to measure what they cost (``bench/metering.py``); never in production.
+    """
+    usage = UsageQueue() if governed else None
+    if not settings.REDIS_URL:
+        governor = Governor(limiter=InProcessLimiter(), counters=MemoryUsageCounters(),
+                            on_degraded=LIMITS_DEGRADED.inc)
+        return GatewayApp(table=table, router=router, config=gateway_config(),
+                          breakers=circuit_breakers(), governor=governor if governed else None,
+                          usage=usage, idempotency=MemoryStore())
+
+    import redis.asyncio as aioredis
+
+    prefix = settings.REDIS_KEY_PREFIX
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
+                                     socket_connect_timeout=1)
+    governor = Governor(
+        limiter=LeasingLimiter(RedisLimiter(client, prefix=prefix,
+                                            fail_open=settings.RATE_LIMIT_FAIL_OPEN,
+                                            on_degraded=LIMITS_DEGRADED.inc)),
+        counters=RedisUsageCounters(client, prefix),
+        on_degraded=LIMITS_DEGRADED.inc,
+    )
+    background = []
+    if usage is not None:
+        background.append(lambda: ship_to_redis(usage, client, prefix + "usage"))
+    return GatewayApp(table=table, router=router, config=gateway_config(),
+                      breakers=circuit_breakers(), governor=governor if governed else None,
+                      usage=usage, idempotency=RedisStore(client, prefix),
+                      background=background, closers=[client.aclose])
+
+
+def build_application(*, governed: bool = True):
+    """``(asgi_application, gateway)`` for this process: a route-table subscriber kept
+    current in background threads, the router over it, the gateway, and the protocol
+    router that sends ``/v1/`` and ``/metrics`` to the gateway and the rest to Django."""
+    from channels.routing import ProtocolTypeRouter
+    from django.core.asgi import get_asgi_application
+
+    from reach_platform.routes_runtime import start_route_subscriber
+    from routing.embedders import configured_embedder
+
+    django_application = get_asgi_application()
+    runtime = start_route_subscriber()
+    intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
+                                threshold=settings.INTENT_THRESHOLD)
+    intents.follow(runtime.subscriber)
+    gateway = build_gateway(table=lambda: runtime.subscriber.table,
+                            router=Router(index=intents), governed=governed)
+
+    async def http_application(scope, receive, send) -> None:
+        # A prefix test rather than Channels' URLRouter: this runs for every gateway
+        # call, and URL resolution plus a scope copy cost more than the test does.
+        path = scope["path"]
+        if path.startswith("/v1/") or path == "/metrics":
+            await gateway(scope, receive, send)
+        else:
+            await django_application(scope, receive, send)
+
+    application = ProtocolTypeRouter({
+        "http": http_application, "websocket": gateway, "lifespan": gateway,
+    })
+    return application, gateway

@@ -1,0 +1,247 @@
+"""The one call pipeline, in process: every door gets the same guarantees.
+
+The gateway runs around a hand-built route table (no database, no uvicorn) and
+forwards to the scripted agent, a real HTTP server on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+
+import pytest
+from prometheus_client import generate_latest
+
+from gateway.metrics import REGISTRY
+from tests.support.inprocess import (
+    in_process,
+    quota,
+    route_table,
+    scripted_agents,
+    start_scripted_agent,
+    stop_process,
+    with_instances,
+)
+from tests.support.servers import free_port
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    agent = start_scripted_agent(free_port())
+    yield agent
+    stop_process(agent.proc)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def chat_body(text: str, **kw) -> dict:
+    return {"model": "scripted-chat", "messages": [{"role": "user", "content": text}], **kw}
+
+
+def test_a_keyed_chat_completion_runs_the_agent_once_and_replays(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    marker = f"chat-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            first = await gw.post("/v1/chat/completions", chat_body(marker),
+                                  Idempotency_Key="k-chat")
+            again = await gw.post("/v1/chat/completions", chat_body(marker),
+                                  Idempotency_Key="k-chat")
+            other = await gw.post("/v1/chat/completions", chat_body(marker + " changed"),
+                                  Idempotency_Key="k-chat")
+            return first, again, other, len(gw.usage)
+
+    first, again, other, events = run(scenario())
+    assert first.status_code == 200, first.text
+    assert first.json()["choices"][0]["message"]["content"] == f"ok: {marker}"
+    assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert scripted.calls_with(marker) == 1  # the agent ran once
+    assert events == 1  # and the call was metered once
+
+
+def test_concurrent_keyed_duplicates_on_both_doors_run_the_agent_once(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    marker = f"dup-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            chats = [gw.post("/v1/chat/completions", chat_body(marker), Idempotency_Key="c")
+                     for _ in range(5)]
+            invokes = [gw.post("/v1/invoke", {"capability": "echo.all",
+                                              "input": {"m": marker}}, Idempotency_Key="i")
+                       for _ in range(5)]
+            return await asyncio.gather(*chats, *invokes)
+
+    replies = run(scenario())
+    assert [r.status_code for r in replies] == [200] * 10
+    assert len({r.content for r in replies[:5]}) == 1
+    assert len({r.content for r in replies[5:]}) == 1
+    assert scripted.calls_with(marker) == 2  # once per door
+
+
+def series(name: str) -> set[str]:
+    text = generate_latest(REGISTRY).decode()
+    return {line.split(" ")[0] for line in text.splitlines() if line.startswith(name + "{")}
+
+
+def test_junk_paths_leave_the_metric_series_unchanged(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            # The first of each kind creates its one series: a junk path, a wrong method.
+            first = await gw.client.get("/v1/junk-0")
+            wrong_method = await gw.client.put("/v1/invoke")
+            before = series("reach_calls_total")
+            replies = [await gw.client.request(method, f"/v1/{uuid.uuid4().hex}/x{i}")
+                       for i, method in zip(range(50), ["GET", "POST", "PUT", "DELETE"] * 13,
+                                            strict=False)]
+            await gw.client.patch("/v1/chat/completions")
+            return first, before, replies, wrong_method, series("reach_calls_total")
+
+    first, before, replies, wrong_method, after = run(scenario())
+    assert first.status_code == 404 and first.json()["error"]["code"] == "not_found"
+    assert {r.status_code for r in replies} == {404}
+    assert wrong_method.status_code == 405
+    assert after == before
+    assert all(re.search(r'endpoint="(invoke|chat_completions|route|not_found)"', s)
+               for s in after)
+
+
+def test_errors_are_structured_with_retryable_on_every_door(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            return {
+                "no_key": await gw.client.post("/v1/invoke", json={}),
+                "bad_key": await gw.client.post("/v1/chat/completions", json={},
+                                                headers={"Authorization": "Bearer rk_x"}),
+                "not_json": await gw.client.post(
+                    "/v1/invoke", content=b"{nope", headers={"Authorization": f"Bearer {key}"}),
+                "invalid": await gw.post("/v1/invoke", {"capability": "strict.echo",
+                                                        "input": {"text": ""}}),
+                "unknown": await gw.post("/v1/chat/completions", chat_body("x", model="nobody")),
+                "bad_reply": await gw.post("/v1/invoke", {"capability": "bad.op", "input": {}}),
+                "deadline": await gw.post("/v1/invoke", {"capability": "echo.all", "input": {}},
+                                          X_Reach_Deadline_Ms="soon"),
+            }
+
+    replies = run(scenario())
+    expected = {"no_key": (401, "unauthorized", False), "bad_key": (401, "unauthorized", False),
+                "not_json": (400, "malformed_json", False),
+                "invalid": (400, "invalid_input", False),
+                "unknown": (404, "no_capability", False),
+                "bad_reply": (502, "upstream_bad_response", False),
+                "deadline": (400, "invalid_input", False)}
+    for name, (status, code, retryable) in expected.items():
+        error = replies[name].json()["error"]
+        assert (replies[name].status_code, error["code"], error["retryable"]) == \
+            (status, code, retryable), name
+        assert error["request_id"] == replies[name].headers["x-request-id"]
+    assert set(replies["invalid"].json()["error"]["details"]) == {"text"}
+
+
+def test_rate_limits_and_budgets_apply_to_the_chat_door_too(scripted):
+    agents = scripted_agents(scripted.endpoint)
+    limited, key = route_table(agents, quotas=(quota(requests_per_minute=60, burst=2),))
+    budgeted, key2 = route_table(agents, quotas=(quota(monthly_requests=3),))
+
+    async def scenario():
+        async with in_process(limited, key) as gw:
+            rated = [await gw.post("/v1/chat/completions", chat_body("hi")) for _ in range(3)]
+        async with in_process(budgeted, key2) as gw:
+            spent = [await gw.post("/v1/chat/completions", chat_body("hi")) for _ in range(3)]
+            spent.append(await gw.post("/v1/invoke", {"capability": "echo.all", "input": {}}))
+        return rated, spent
+
+    rated, spent = run(scenario())
+    assert [r.status_code for r in rated] == [200, 200, 429]
+    assert rated[2].json()["error"]["code"] == "rate_limited"
+    assert int(rated[2].headers["retry-after"]) >= 1
+    assert [r.status_code for r in spent] == [200, 200, 200, 429]
+    assert spent[3].json()["error"]["code"] == "quota_exceeded"
+
+
+def test_every_door_hands_off_one_usage_event_per_call(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            await gw.post("/v1/invoke", {"capability": "echo.all", "input": {"x": 1}},
+                          X_Request_ID="u-invoke")
+            await gw.post("/v1/chat/completions", chat_body("one two"), X_Request_ID="u-chat")
+            stream = await gw.post("/v1/invoke", {"capability": "chat.scripted", "stream": True,
+                                                  "input": {"text": "a b c"}},
+                                   X_Request_ID="u-stream")
+            return stream, gw.usage.drain()
+
+    stream, events = run(scenario())
+    assert stream.status_code == 200 and b"[DONE]" in stream.content
+    by_id = {e["request_id"]: e for e in events}
+    assert set(by_id) == {"u-invoke", "u-chat", "u-stream"}
+    assert by_id["u-invoke"]["cost"] == 0.5  # the agent's price per call
+    assert (by_id["u-chat"]["input_tokens"], by_id["u-chat"]["output_tokens"]) == (2, 3)
+    assert (by_id["u-stream"]["input_tokens"], by_id["u-stream"]["output_tokens"]) == (2, 3)
+    assert {e["outcome"] for e in events} == {"success"}
+
+
+def test_an_a2a_stream_is_relayed_and_metered_as_a2a(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            reply = await gw.post("/v1/invoke", {"capability": "a2a.scripted",
+                                                 "input": {"text": "hello"}})
+            stream = await gw.post("/v1/invoke", {"capability": "a2a.scripted", "stream": True,
+                                                  "input": {"text": "one two three four"}},
+                                   X_Request_ID="a2a-stream")
+            return reply, stream, gw.usage.drain()
+
+    reply, stream, events = run(scenario())
+    assert reply.json()["reply_content"] == "a2a: hello"
+    assert stream.content.count(b'"artifact-update"') == 4
+    event = next(e for e in events if e["request_id"] == "a2a-stream")
+    assert (event["input_tokens"], event["output_tokens"]) == (3, 4)  # the agent's figures
+
+
+def test_a_non_chat_agent_streams_as_one_chat_chunk(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            return await gw.post("/v1/chat/completions",
+                                 chat_body("hi there", model="scripted-a2a", stream=True))
+
+    stream = run(scenario())
+    assert stream.status_code == 200
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    assert b'"content":"a2a: hi there"' in stream.content
+    assert stream.content.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_retry_goes_to_another_instance_when_the_first_never_got_the_call(scripted):
+    dead = f"http://127.0.0.1:{free_port()}/"
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], dead, scripted.endpoint)
+    table, key = route_table(agents)
+    marker = f"retry-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            return [await gw.post("/v1/invoke", {"capability": "echo.all",
+                                                 "input": {"m": f"{marker}-{i}"}})
+                    for i in range(4)]
+
+    replies = run(scenario())
+    assert [r.status_code for r in replies] == [200] * 4
+    live = agents[0].instances[1].pk
+    assert {r.json()["instance"] for r in replies} == {live}
+    assert scripted.calls_with(marker) == 4
