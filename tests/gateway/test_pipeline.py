@@ -245,3 +245,59 @@ def test_a_retry_goes_to_another_instance_when_the_first_never_got_the_call(scri
     live = agents[0].instances[1].pk
     assert {r.json()["instance"] for r in replies} == {live}
     assert scripted.calls_with(marker) == 4
+
+
+def test_retry_then_breaker_then_half_open_recovery_on_an_injected_clock(scripted):
+    """A dead instance: every call still succeeds through the retry until its breaker
+    opens; then no call tries it (no retries); after the cool-down, on the fake clock, a
+    half-open probe reaches the revived instance and closes the breaker."""
+    from gateway.breaker import BreakerState, CircuitBreakers
+    from gateway.metrics import RETRIES
+    from tests.support.clock import FakeClock
+
+    dead_port = free_port()
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], f"http://127.0.0.1:{dead_port}/", scripted.endpoint)
+    dead, live = (i.pk for i in agents[0].instances)
+    table, key = route_table(agents)
+    clock = FakeClock()
+    breakers = CircuitBreakers(min_volume=4, cooldown_seconds=30, clock=clock)
+
+    def retries() -> float:
+        return RETRIES._value.get()
+
+    async def calls(gw, n: int) -> list[int]:
+        replies = [await gw.post("/v1/invoke", {"capability": "echo.all", "input": {"n": i}})
+                   for i in range(n)]
+        return [r.status_code for r in replies]
+
+    async def scenario():
+        async with in_process(table, key, breakers=breakers) as gw:
+            before = retries()
+            statuses = await calls(gw, 12)
+            retried, state = retries() - before, breakers.states().get(dead)
+            more = await calls(gw, 10)
+            retried_while_open = retries() - before - retried
+            revived = start_scripted_agent(dead_port)
+            try:
+                clock.advance(30)
+                probes = []
+                for _ in range(20):  # a smooth round robin reaches the probe within two
+                    probes.append(await gw.post("/v1/invoke", {"capability": "echo.all",
+                                                               "input": {}}))
+                    if dead not in breakers.states():
+                        break
+                return (statuses, retried, state, more, retried_while_open, probes,
+                        breakers.states().get(dead), revived.seen())
+            finally:
+                stop_process(revived.proc)
+
+    statuses, retried, state, more, retried_while_open, probes, final, seen = run(scenario())
+    assert statuses == [200] * 12  # a refused connection is retried on the live instance
+    assert retried >= 4 and state == BreakerState.OPEN
+    assert more == [200] * 10 and retried_while_open == 0
+    assert {p.status_code for p in probes} == {200}
+    assert final is None  # closed (and forgotten)
+    assert seen, "the revived instance got no traffic"
+    assert probes[-1].json()["instance"] == dead
+    assert live != dead

@@ -155,20 +155,22 @@ class InProcessGateway:
                 **{k.replace("_", "-"): v for k, v in extra.items()}}
 
 
-def gateway_app(table: RouteTable, **config) -> GatewayApp:
+def gateway_app(table: RouteTable, *, breakers: CircuitBreakers | None = None,
+                **config) -> GatewayApp:
     policy = EndpointPolicy(allow=("127.0.0.0/8",), own_ports=())
     return GatewayApp(
         table=lambda: table, router=Router(), config=GatewayConfig(policy=policy, **config),
-        breakers=CircuitBreakers(),
+        breakers=breakers or CircuitBreakers(),
         governor=Governor(limiter=InProcessLimiter(), counters=MemoryUsageCounters()),
         usage=UsageQueue(), idempotency=MemoryStore(),
     )
 
 
 @contextlib.asynccontextmanager
-async def in_process(table: RouteTable, key: str, **config) -> AsyncIterator[InProcessGateway]:
+async def in_process(table: RouteTable, key: str, *, breakers: CircuitBreakers | None = None,
+                     **config) -> AsyncIterator[InProcessGateway]:
     """The gateway for ``table``; closed (jobs stopped, pools closed) at the end."""
-    app = gateway_app(table, **config)
+    app = gateway_app(table, breakers=breakers, **config)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
                                  timeout=10) as client:
