@@ -35,7 +35,7 @@ from gateway.calls import Caller
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.governance import Governor
-from gateway.http_io import header, read_body, send_bytes, send_error, send_json
+from gateway.http_io import header, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
 from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
 from gateway.pipeline import Pipeline, Request
@@ -58,7 +58,6 @@ WEBSOCKET_REFUSED = 4404
 class Route:
     name: str  # also the metric label
     handler: str  # a GatewayApp method: (request_id, scope, receive, send) -> outcome
-    authenticated: bool = True
 
 
 ROUTES: dict[tuple[str, str], Route] = {
@@ -66,7 +65,8 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/v1/chat/completions"): Route("chat_completions", "_chat_completions"),
     ("GET", "/v1/route"): Route("route", "_route"),
     ("HEAD", "/v1/route"): Route("route", "_route"),
-    ("GET", "/metrics"): Route("metrics", "_metrics", authenticated=False),
+    ("GET", "/metrics"): Route("metrics", "_metrics"),
+    ("HEAD", "/metrics"): Route("metrics", "_metrics"),
 }
 _PATHS = {path for _, path in ROUTES}
 
@@ -74,7 +74,7 @@ _PATHS = {path for _, path in ROUTES}
 class GatewayApp:
     def __init__(self, *, table: Callable[[], RouteTable], router: Router,
                  config: GatewayConfig, breakers: CircuitBreakers, governor: Governor | None,
-                 usage: UsageQueue | None, idempotency=None,
+                 usage: UsageQueue | None, idempotency=None, idempotency_fail_open=False,
                  background: Sequence[Callable[[], Awaitable[None]]] = (),
                  closers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
@@ -89,7 +89,8 @@ class GatewayApp:
                              credentials=Credentials(config.credential_keys))
         self.pipeline = Pipeline(config=config, router=router, caller=self.caller,
                                  governor=governor, usage=usage,
-                                 idempotency_store=idempotency or MemoryStore())
+                                 idempotency_store=idempotency or MemoryStore(),
+                                 idempotency_fail_open=idempotency_fail_open)
         jobs = list(background)
         if governor is not None:
             jobs.append(governor.flush_forever)
@@ -180,13 +181,12 @@ class GatewayApp:
                 count_call(label, outcome, time.monotonic() - started)
 
     async def _request(self, request_id: str, scope, receive, send) -> Request:
-        """Authenticate, then read the body (a stranger's body is never read)."""
+        """The authenticated request; its body is read later, by the pipeline (a
+        stranger's body is never read)."""
         table = self._table()
         key = authenticate(table, header(scope, b"authorization"))
-        raw = await read_body(scope, receive, self.config.max_body_bytes) \
-            if scope["method"] == "POST" else b""
         return Request(scope=scope, receive=receive, send=send, request_id=request_id,
-                       table=table, key=key, raw=raw)
+                       table=table, key=key)
 
     def _internal(self, scope) -> bool:
         return self.config.is_internal((scope.get("client") or (None,))[0])
@@ -195,13 +195,14 @@ class GatewayApp:
 
     async def _invoke(self, request_id, scope, receive, send) -> str:
         request = await self._request(request_id, scope, receive, send)
-        call = doors.invoke(request, internal=self._internal(scope))
-        return await self.pipeline.serve(request, call)
+        internal = self._internal(scope)
+        return await self.pipeline.run(request, lambda r: doors.invoke(r, internal=internal))
 
     async def _chat_completions(self, request_id, scope, receive, send) -> str:
         request = await self._request(request_id, scope, receive, send)
-        call = doors.chat_completions(request, internal=self._internal(scope))
-        return await self.pipeline.serve(request, call)
+        internal = self._internal(scope)
+        return await self.pipeline.run(
+            request, lambda r: doors.chat_completions(r, internal=internal))
 
     async def _route(self, request_id, scope, receive, send) -> str:
         request = await self._request(request_id, scope, receive, send)

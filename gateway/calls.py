@@ -34,9 +34,18 @@ class CallContext:
     started: float  # time.monotonic()
     budget_ms: int  # set by bind_budget once the capability is known
     caller_budget_ms: int | None  # the caller's X-Reach-Deadline-Ms
-    idempotent: bool
+    # The caller's Idempotency-Key: it makes a retry safe, and travels to the agent
+    # (the same value on the retry) so the agent can de-duplicate too.
+    idempotency_key: str | None
     caller_bound: bool = False  # the caller's budget, not the agent's timeout, binds
     attempts: list[int] = field(default_factory=list)  # instance pks tried
+    candidate: Candidate | None = None  # the last one tried
+    # The agent's reported usage (input, output tokens) once it answered; None before.
+    reported: tuple[int, int] | None = None
+
+    @property
+    def idempotent(self) -> bool:
+        return self.idempotency_key is not None
 
     def bind_budget(self, agent_budget_ms: int) -> None:
         """The call's budget: the agent's timeout, capped by the caller's deadline."""
@@ -44,8 +53,17 @@ class CallContext:
         self.caller_bound = bool(caller and caller < agent_budget_ms)
         self.budget_ms = min(agent_budget_ms, caller) if caller else agent_budget_ms
 
+    def restart_agent_clock(self) -> None:
+        """Time spent before the agent was asked (waiting for an idempotency claim) does
+        not count against the agent's own timeout; a caller's deadline keeps running."""
+        if not self.caller_budget_ms:
+            self.budget_started = time.monotonic()
+
     def remaining_ms(self) -> float:
-        return self.budget_ms - (time.monotonic() - self.started) * 1000
+        return self.budget_ms - (time.monotonic() - self.budget_started) * 1000
+
+    def __post_init__(self) -> None:
+        self.budget_started = self.started
 
     def timed_out(self) -> ReachError:
         if self.caller_bound:
@@ -53,6 +71,17 @@ class CallContext:
                               f"The caller's budget of {self.budget_ms} ms ran out.")
         return ReachError("upstream_timeout",
                           f"The agent did not answer within {self.budget_ms} ms.")
+
+
+def refusal(status: int) -> ReachError:
+    """An agent's own 4xx, classified for the caller: its input was refused (400, 422:
+    sending it again cannot help), the agent is busy (408, 429: later may), or it
+    refused the call for a reason of its own (credentials, a missing route)."""
+    if status in (400, 422):
+        return ReachError("invalid_input", f"the agent refused the input (HTTP {status})")
+    if status in (408, 429):
+        return ReachError("upstream_error", f"the agent is busy (HTTP {status})")
+    return ReachError("upstream_refused", f"the agent refused the call (HTTP {status})")
 
 
 class Validators:
@@ -134,6 +163,8 @@ class Caller:
             "x-reach-tenant": ctx.tenant_slug,
             "x-reach-capability": candidate.capability.capability_id,
         }
+        if ctx.idempotency_key is not None:
+            headers["idempotency-key"] = ctx.idempotency_key
         query: dict[str, str] = {}
         ssl_context = self.credentials.apply(table, ctx.tenant_pk, agent.pk, headers, query)
         url = instance.endpoint.rstrip("/") + "/" + upstream.path.lstrip("/")
@@ -177,8 +208,7 @@ class Caller:
         if response.status >= 400:
             response.release()
             self._record(instance.pk, ok=True, started=started)
-            raise ReachError("upstream_error",
-                               f"the agent refused the call (HTTP {response.status})")
+            raise refusal(response.status)
         return Upstream(candidate=candidate, response=response, started=started)
 
     async def read(self, upstream: Upstream, ctx: CallContext) -> AgentResponse:
@@ -205,6 +235,7 @@ class Caller:
         try:
             agent = upstream.candidate.agent
             reply = PROTOCOLS[agent.protocol].parse(agent, upstream.candidate.capability, data)
+            ctx.reported = (reply.input_tokens, reply.output_tokens)
         except ReachError as error:
             if error.kind.code == "upstream_bad_response":
                 BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()

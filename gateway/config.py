@@ -30,6 +30,9 @@ class GatewayConfig:
     deadline_margin_ms: int = 50
     deadline_margin_share: float = 0.1
     retry_backoff_ms: tuple[int, int] = (10, 50)
+    # How long a budget reservation or an idempotency claim outlives its call's deadline
+    # when the call never settles it (its gateway died): then it lapses on its own.
+    lease_margin_s: float = 5.0
     # Source networks internal_only agents accept.
     internal_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
         default_factory=lambda: (ipaddress.ip_network("127.0.0.0/8"),

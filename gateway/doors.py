@@ -47,7 +47,12 @@ def invoke(request: Request, *, internal: bool) -> Call:
         namespace=request.header(b"x-reach-namespace"), internal=internal,
     )
     return Call(route=route, payload=lambda protocol: payload, reply=agent_response,
-                stream=stream)
+                stream=stream, events=agent_response_event)
+
+
+def agent_response_event(result: Result) -> bytes:
+    """A non-streaming agent's whole answer, as the one event of a stream."""
+    return b"data: " + orjson.dumps(agent_response(result)) + b"\n\n"
 
 
 def agent_response(result: Result) -> dict:
@@ -84,12 +89,23 @@ def chat_completions(request: Request, *, internal: bool) -> Call:
                         request.header(b"x-reach-namespace") or "default", internal)
     wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) \
         if isinstance(body.get("stream_options"), dict) else False
+    chunk_id = f"chatcmpl-{request.request_id}"
     return Call(
         route=route, payload=lambda protocol: protocol.chat_input(body),
-        reply=completion, stream=stream,
-        relays=lambda protocol: protocol.speaks_chat, events=completion_events,
+        reply=completion, stream=stream, events=completion_events,
+        # Another protocol's stream (A2A events) goes out as chat chunks, event by event.
+        reframe=lambda protocol, model: None if protocol.speaks_chat
+        else lambda text: _chunk(chunk_id, model, {"content": text}, None),
+        finish=_chunk(chunk_id, "", {}, "stop") + b"data: [DONE]\n\n",
         keep_usage_events=wants_usage,
     )
+
+
+def _chunk(chunk_id: str, model: str, delta: dict, finish_reason: str | None) -> bytes:
+    return b"data: " + orjson.dumps({
+        "id": chunk_id, "object": "chat.completion.chunk", "created": int(time.time()),
+        "model": model, "choices": [{"index": 0, "delta": delta,
+                                  "finish_reason": finish_reason}]}) + b"\n\n"
 
 
 def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespace: str,

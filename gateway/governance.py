@@ -8,27 +8,32 @@ Rate limits (token buckets, ``gateway.limits``) come from three places:
 All buckets of a call are decided atomically. Over the limit: 429 ``rate_limited``
 with ``Retry-After``.
 
-Budgets: a ``Quota``'s ``monthly_requests`` / ``monthly_tokens`` / ``monthly_cost``
-against this month's usage, counted by the gateways themselves (Redis hash per
-tenant and month, or in process). Over budget: 429 ``quota_exceeded``.
+With Redis unreachable a process falls back to a local bucket of the same rate
+and burst (so a limit admits at most its rate × the number of processes), counted
+in ``reach_limits_degraded_total``; with ``REACH_RATE_LIMIT_FAIL_OPEN=false`` it
+refuses instead.
+
+Budgets: a ``Quota``'s ``monthly_requests`` / ``monthly_tokens`` / ``monthly_cost``,
+enforced by reservation (``gateway.budgets``): a call reserves its ceiling before it
+is forwarded and settles to its actual usage after. Over budget: 429
+``quota_exceeded``. Usage of calls no budget applies to is counted in batches.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
-import time
-from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from gateway.budgets import NO_LIMIT, Amount, Refusal, Reservation, ScopeLimit, month_key
 from gateway.limits import Limit
 from reach_core.errors import ReachError
 from routing.router import Candidate
 from routing.table import QuotaEntry, RouteTable
 
-COST_SCALE = 1_000_000  # costs are counted in millionths, as integers
-
-
-def month_key(now: float | None = None) -> str:
-    return time.strftime("%Y-%m", time.gmtime(now or time.time()))
+logger = logging.getLogger(__name__)
 
 
 def limits_for(table: RouteTable, tenant_pk: int, candidate: Candidate) -> list[Limit]:
@@ -59,93 +64,67 @@ def _quota_key(quota: QuotaEntry) -> str:
     return f"tenant:{quota.tenant_pk}{scope}"
 
 
-def budgets_for(table: RouteTable, tenant_pk: int, candidate: Candidate) -> list[QuotaEntry]:
-    return [q for q in table.quotas_by_tenant.get(tenant_pk, ())
-            if (q.monthly_requests or q.monthly_tokens or q.monthly_cost)
-            and _applies(q, candidate)]
-
-
-def usage_scopes(tenant_pk: int, candidate: Candidate) -> list[str]:
-    """The counters a call adds to: the tenant's, and the tenant x agent's."""
-    return [f"{tenant_pk}", f"{tenant_pk}:agent:{candidate.agent.pk}"]
+def usage_scopes(tenant_pk: int, candidate: Candidate) -> tuple[str, ...]:
+    """The counters a call adds to: the tenant's, tenant x agent's, tenant x capability's."""
+    return (f"{tenant_pk}", f"{tenant_pk}:agent:{candidate.agent.pk}",
+            f"{tenant_pk}:capability:{candidate.capability.pk}")
 
 
 def quota_scope(quota: QuotaEntry) -> str:
     if quota.agent_pk is not None:
         return f"{quota.tenant_pk}:agent:{quota.agent_pk}"
+    if quota.capability_pk is not None:
+        return f"{quota.tenant_pk}:capability:{quota.capability_pk}"
     return f"{quota.tenant_pk}"
 
 
-def over_budget(quota: QuotaEntry, used: dict) -> str | None:
-    if quota.monthly_requests and used.get("requests", 0) >= quota.monthly_requests:
-        return f"monthly request budget of {quota.monthly_requests} is used up"
-    if quota.monthly_tokens and used.get("tokens", 0) >= quota.monthly_tokens:
-        return f"monthly token budget of {quota.monthly_tokens} is used up"
-    if quota.monthly_cost and used.get("cost", 0) >= quota.monthly_cost * COST_SCALE:
-        return f"monthly cost budget of {quota.monthly_cost} is used up"
-    return None
+def budget_limits(table: RouteTable, tenant_pk: int, candidate: Candidate) -> list[ScopeLimit]:
+    """Per scope, the tightest of the budgets that apply to a call (in ``Amount`` units)."""
+    caps: dict[str, list[int]] = {}
+    for quota in table.quotas_by_tenant.get(tenant_pk, ()):
+        if not _applies(quota, candidate):
+            continue
+        values = (quota.monthly_requests, quota.monthly_tokens,
+                  None if quota.monthly_cost is None else round(quota.monthly_cost * 1_000_000))
+        if all(v is None for v in values):
+            continue
+        row = caps.setdefault(quota_scope(quota), [NO_LIMIT] * 3)
+        for index, value in enumerate(values):
+            if value is not None:
+                row[index] = value if row[index] == NO_LIMIT else min(row[index], value)
+    return [ScopeLimit(scope, *row) for scope, row in sorted(caps.items())]
 
 
-class MemoryUsageCounters:
-    """This month's usage per scope, in this process (the embedded mode)."""
+@dataclass
+class Admission:
+    """What admitting a call holds until it is settled."""
 
-    def __init__(self) -> None:
-        self._counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-
-    async def add(self, scopes: list[str], *, requests: int, tokens: int, cost: float) -> None:
-        month = month_key()
-        for scope in scopes:
-            counts = self._counts[f"{month}:{scope}"]
-            counts["requests"] += requests
-            counts["tokens"] += tokens
-            counts["cost"] += round(cost * COST_SCALE)
-
-    async def get(self, scope: str) -> dict:
-        return dict(self._counts.get(f"{month_key()}:{scope}", {}))
-
-
-class RedisUsageCounters:
-    """This month's usage per scope in Redis hashes, shared by every gateway process."""
-
-    def __init__(self, client, prefix: str) -> None:
-        self._client = client
-        self._prefix = prefix
-
-    def _key(self, scope: str) -> str:
-        return f"{self._prefix}usage-month:{month_key()}:{scope}"
-
-    async def add(self, scopes: list[str], *, requests: int, tokens: int, cost: float) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for scope in scopes:
-            key = self._key(scope)
-            pipe.hincrby(key, "requests", requests)
-            pipe.hincrby(key, "tokens", tokens)
-            pipe.hincrby(key, "cost", round(cost * COST_SCALE))
-            pipe.expire(key, 40 * 86400)
-        await pipe.execute()
-
-    async def get(self, scope: str) -> dict:
-        raw = await self._client.hgetall(self._key(scope))
-        return {k.decode(): int(v) for k, v in raw.items()}
+    tenant_pk: int
+    candidate: Candidate
+    reservation: Reservation | None  # None when no budget applies (or Redis was away)
 
 
 class Governor:
-    """Admits calls (limits, budgets) and counts what they used.
+    """Admits calls (rate limits, then budget reservations) and settles what they used.
 
-    Budget counters are read at most once a second per scope and written in
-    batches every 100 ms: a monthly budget may be overshot by a second's worth
-    of calls, and the per-call cost stays one Redis round trip (the rate limit).
+    ``ledger`` is a ``gateway.budgets`` ledger (Redis or in process); ``fallback`` the
+    local limiter used while the shared one is unreachable (None: refuse then).
+    Budgets with the ledger unreachable are not enforced (the call is admitted and
+    counted in ``on_degraded``): a budget is not worth an outage. Settlements that fail
+    are kept and retried by ``flush_forever``; a lapsed lease only means the settlement
+    adds the usage without a reservation to drop.
     """
 
-    READ_EVERY_S = 1.0
     FLUSH_EVERY_S = 0.1
 
-    def __init__(self, *, limiter, counters, on_degraded=None) -> None:
+    def __init__(self, *, limiter, ledger, fallback=None,
+                 on_degraded: Callable[[], None] | None = None) -> None:
         self.limiter = limiter
-        self.counters = counters
+        self.ledger = ledger
+        self.fallback = fallback
         self._on_degraded = on_degraded
-        self._seen: dict[str, tuple[float, dict]] = {}
-        self._unflushed: dict[str, list[int | float]] = {}
+        self._unflushed: dict[tuple[str, str], list[int]] = {}
+        self._unsettled: list[tuple[Reservation, Amount]] = []
         # What applies to (tenant, agent, capability), per quota set of the table:
         # the same few answers for every call, so computed once.
         self._rules_for: object = None
@@ -157,78 +136,97 @@ class Governor:
         key = (tenant_pk, candidate.agent.pk, candidate.capability.pk)
         rules = self._rules.get(key)
         if rules is None or rules[2] is not candidate.capability:
-            rules = (budgets_for(table, tenant_pk, candidate),
+            rules = (budget_limits(table, tenant_pk, candidate),
                      limits_for(table, tenant_pk, candidate), candidate.capability)
             if len(self._rules) > 100_000:
                 self._rules.clear()
             self._rules[key] = rules
         return rules[0], rules[1]
 
-    async def _used(self, scope: str) -> dict:
-        now = time.monotonic()
-        cached = self._seen.get(scope)
-        if cached and now - cached[0] < self.READ_EVERY_S:
-            used = dict(cached[1])
-        else:
-            used = await self.counters.get(scope)
-            self._seen[scope] = (now, used)
-            used = dict(used)
-        pending = self._unflushed.get(scope)
-        if pending:  # this process's calls not yet written
-            used["requests"] = used.get("requests", 0) + pending[0]
-            used["tokens"] = used.get("tokens", 0) + pending[1]
-            used["cost"] = used.get("cost", 0) + round(pending[2] * COST_SCALE)
-        return used
+    def _degraded(self) -> None:
+        if self._on_degraded is not None:
+            self._on_degraded()
 
-    async def admit(self, table: RouteTable, tenant_pk: int, candidate: Candidate) -> None:
-        """Raise ``rate_limited`` or ``quota_exceeded``, or return to let the call go."""
+    async def admit(self, table: RouteTable, tenant_pk: int, candidate: Candidate, *,
+                    ceiling: Callable[[], Amount], lease_s: float) -> Admission:
+        """Raise ``rate_limited`` or ``quota_exceeded``, or return the admission the call
+        must settle (``settle``) however it ends. ``ceiling()`` is the most the call may
+        use, computed only when a budget applies."""
         budgets, limits = self._applicable(table, tenant_pk, candidate)
-        for quota in budgets:
-            try:
-                used = await self._used(quota_scope(quota))
-            except Exception:  # counters unreachable: budgets are not worth an outage
-                if self._on_degraded:
-                    self._on_degraded()
-                continue
-            reason = over_budget(quota, used)
-            if reason:
-                raise ReachError("quota_exceeded", f"The tenant's {reason}.")
-        if not limits:
-            return
-        verdict = await self.limiter.check(limits)
-        if not verdict.allowed:
-            raise ReachError(
-                "rate_limited", f"Rate limit {verdict.limit_key or ''} reached; retry after "
-                f"{verdict.retry_after_s:g} s.".replace("  ", " "),
-                retry_after=max(1, math.ceil(verdict.retry_after_s)))
+        if limits:
+            verdict = await self.limiter.check(limits)
+            if verdict.degraded:
+                self._degraded()
+                if self.fallback is not None:
+                    verdict = await self.fallback.check(limits)
+            if not verdict.allowed:
+                raise ReachError(
+                    "rate_limited", f"Rate limit {verdict.limit_key or ''} reached; retry "
+                    f"after {verdict.retry_after_s:g} s.".replace("  ", " "),
+                    retry_after=max(1, math.ceil(verdict.retry_after_s)))
+        if not budgets:
+            return Admission(tenant_pk, candidate, None)
+        try:
+            held = await self.ledger.reserve(budgets, ceiling(), lease_s)
+        except Exception:  # ledger unreachable: budgets are not worth an outage
+            logger.warning("budget ledger unreachable: admitting without a reservation")
+            self._degraded()
+            return Admission(tenant_pk, candidate, None)
+        if isinstance(held, Refusal):
+            raise ReachError("quota_exceeded", f"The tenant's monthly {held.metric} budget "
+                             f"({_shown(held)}) would be exceeded by this call.")
+        return Admission(tenant_pk, candidate, held)
 
-    def record(self, tenant_pk: int, candidate: Candidate, *, tokens: int,
-               cost: float) -> None:
-        """Count one call; written by ``flush_forever``. Never blocks, never raises."""
-        for scope in usage_scopes(tenant_pk, candidate):
-            pending = self._unflushed.setdefault(scope, [0, 0, 0.0])
-            pending[0] += 1
-            pending[1] += tokens
-            pending[2] += cost
+    async def settle(self, admission: Admission, actual: Amount) -> None:
+        """Drop the call's reservation and count what it used. Never raises."""
+        scopes = usage_scopes(admission.tenant_pk, admission.candidate)
+        reservation = admission.reservation
+        if reservation is not None:
+            try:
+                await self.ledger.settle(reservation, actual)
+            except Exception:
+                self._degraded()
+                self._unsettled.append((reservation, actual))
+            scopes = tuple(s for s in scopes if s not in reservation.scopes)
+        if actual != Amount():
+            self.record(scopes, actual)
+
+    def record(self, scopes: tuple[str, ...], amount: Amount) -> None:
+        """Count usage outside any reservation; written by ``flush_forever``."""
+        month = month_key()
+        for scope in scopes:
+            pending = self._unflushed.setdefault((month, scope), [0, 0, 0])
+            for index, value in enumerate(amount.values()):
+                pending[index] += value
 
     async def flush(self) -> None:
-        batch, self._unflushed = self._unflushed, {}
-        for scope, (requests, tokens, cost) in batch.items():
+        unsettled, self._unsettled = self._unsettled, []
+        for reservation, actual in unsettled:
             try:
-                await self.counters.add([scope], requests=requests, tokens=tokens, cost=cost)
+                await self.ledger.settle(reservation, actual)
             except Exception:
-                if self._on_degraded:
-                    self._on_degraded()
-                # Keep them for the next flush rather than under-count a budget.
-                again = self._unflushed.setdefault(scope, [0, 0, 0.0])
-                again[0] += requests
-                again[1] += tokens
-                again[2] += cost
+                self._unsettled.append((reservation, actual))
+        batch, self._unflushed = self._unflushed, {}
+        if not batch:
+            return
+        try:
+            await self.ledger.add_many({key: Amount(*v) for key, v in batch.items()})
+        except Exception:
+            self._degraded()
+            # Keep them for the next flush rather than under-count a budget.
+            for key, values in batch.items():
+                again = self._unflushed.setdefault(key, [0, 0, 0])
+                for index, value in enumerate(values):
+                    again[index] += value
 
     async def flush_forever(self) -> None:
-        import asyncio
-
         while True:
             await asyncio.sleep(self.FLUSH_EVERY_S)
-            if self._unflushed:
+            if self._unflushed or self._unsettled:
                 await self.flush()
+
+
+def _shown(refusal: Refusal) -> str:
+    if refusal.metric == "cost":
+        return f"{refusal.limit / 1_000_000:g}"
+    return str(refusal.limit)

@@ -1,33 +1,50 @@
-"""Idempotency keys: the first response to (tenant, Idempotency-Key) is kept 24 h and replayed.
+"""Idempotency keys: a call runs at most once per (tenant, ``Idempotency-Key``).
 
-- a duplicate after the first finished gets the stored response (status and body);
-- a duplicate while the first is still running waits for it, then gets its response,
-  or 409 ``idempotency_in_progress`` if it does not finish within the wait;
-- the same key with a different request body gets 422 ``idempotency_key_reused``;
-- a first call that failed with a 5xx (or crashed) is forgotten, so a retry runs again.
+- The first call *claims* the key with a short lease (about its deadline plus a
+  margin), refreshed while it runs. A gateway that crashes mid-call leaves a lease
+  that lapses within seconds, after which the same key runs again: never a key
+  poisoned for a day.
+- When the call ends with a result of its own (a 2xx, or a 4xx the request caused:
+  invalid input) the reply is stored for 24 h and replayed to every duplicate
+  (``Idempotent-Replayed: true``). Anything that decided nothing about the request
+  (a 5xx, a time-out, the caller going away) drops the claim, so a retry runs.
+- A duplicate arriving while the first runs waits for it (then gets its reply, or
+  runs itself if the first gave up) or gets 409 ``idempotency_in_progress``.
+- The same key with a different body gets 422 ``idempotency_key_reused``.
 
-So the agent runs once and the call is metered once. Non-streamed calls only.
-Redis holds the records when configured (shared by every gateway process);
-otherwise a dict in this process. Keys are stored hashed.
+Each claim carries an owner token: only its owner refreshes, finishes or drops it,
+so a call whose lease lapsed cannot overwrite the record of the call that took the
+key over. Keys are stored hashed. Redis holds the records when configured (shared
+by every gateway process); otherwise a dict in this process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-
-import orjson
+from enum import StrEnum
 
 TTL_SECONDS = 24 * 3600
 POLL_SECONDS = 0.02
+# Replies of the call itself, worth replaying: what the request caused.
+STORED_ERRORS = frozenset({"invalid_input", "malformed_json", "payload_too_large"})
 
 
 @dataclass(frozen=True)
 class Stored:
     status: int
     body: bytes
+
+
+class Outcome(StrEnum):
+    NEW = "new"  # claimed: this call runs
+    REPLAY = "replay"
+    MISMATCH = "mismatch"
+    BUSY = "busy"
 
 
 def fingerprint(body: bytes) -> str:
@@ -38,78 +55,11 @@ def record_key(tenant_pk: int, key: str) -> str:
     return f"idem:{tenant_pk}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-class Outcome:
-    NEW = "new"
-    REPLAY = "replay"
-    MISMATCH = "mismatch"
-    BUSY = "busy"
+def new_owner() -> str:
+    return os.urandom(12).hex()
 
 
-class MemoryStore:
-    def __init__(self, clock=time.monotonic) -> None:
-        self._records: dict[str, dict] = {}
-        self._clock = clock
-
-    async def claim(self, key: str, body_hash: str) -> tuple[str, Stored | None]:
-        self._expire()
-        record = self._records.get(key)
-        if record is None:
-            self._records[key] = {"hash": body_hash, "done": None, "at": self._clock()}
-            return Outcome.NEW, None
-        return _judge(record["hash"], record["done"], body_hash)
-
-    async def peek(self, key: str, body_hash: str) -> tuple[str, Stored | None]:
-        record = self._records.get(key)
-        if record is None:
-            return Outcome.NEW, None
-        return _judge(record["hash"], record["done"], body_hash)
-
-    async def finish(self, key: str, stored: Stored) -> None:
-        if key in self._records:
-            self._records[key]["done"] = stored
-
-    async def forget(self, key: str) -> None:
-        self._records.pop(key, None)
-
-    def _expire(self) -> None:
-        if len(self._records) < 10_000:
-            return
-        horizon = self._clock() - TTL_SECONDS
-        for key in [k for k, r in self._records.items() if r["at"] < horizon]:
-            del self._records[key]
-
-
-class RedisStore:
-    def __init__(self, client, prefix: str) -> None:
-        self._client = client
-        self._prefix = prefix
-
-    async def claim(self, key: str, body_hash: str) -> tuple[str, Stored | None]:
-        pending = orjson.dumps({"hash": body_hash})
-        if await self._client.set(self._prefix + key, pending, nx=True, ex=TTL_SECONDS):
-            return Outcome.NEW, None
-        return await self.peek(key, body_hash)
-
-    async def peek(self, key: str, body_hash: str) -> tuple[str, Stored | None]:
-        raw = await self._client.get(self._prefix + key)
-        if raw is None:
-            return Outcome.NEW, None
-        record = orjson.loads(raw)
-        done = Stored(record["status"], record["body"].encode()) if "status" in record else None
-        return _judge(record["hash"], done, body_hash)
-
-    async def finish(self, key: str, stored: Stored) -> None:
-        peeked = await self._client.get(self._prefix + key)
-        body_hash = orjson.loads(peeked)["hash"] if peeked else ""
-        await self._client.set(self._prefix + key, orjson.dumps({
-            "hash": body_hash, "status": stored.status, "body": stored.body.decode(),
-        }), ex=TTL_SECONDS)
-
-    async def forget(self, key: str) -> None:
-        await self._client.delete(self._prefix + key)
-
-
-def _judge(stored_hash: str, done: Stored | None, body_hash: str) -> tuple[str, Stored | None]:
+def _judge(stored_hash: str, done: Stored | None, body_hash: str) -> tuple[Outcome, Stored | None]:
     if stored_hash != body_hash:
         return Outcome.MISMATCH, None
     if done is None:
@@ -117,12 +67,120 @@ def _judge(stored_hash: str, done: Stored | None, body_hash: str) -> tuple[str, 
     return Outcome.REPLAY, done
 
 
-async def wait_for_first(store, key: str, body_hash: str, seconds: float):
-    """Poll until the first call finishes (or is forgotten) or ``seconds`` pass."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        await asyncio.sleep(POLL_SECONDS)
-        outcome, stored = await store.peek(key, body_hash)
-        if outcome != Outcome.BUSY:
+class MemoryStore:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._records: dict[str, dict] = {}
+        self._clock = clock
+
+    def _live(self, key: str) -> dict | None:
+        record = self._records.get(key)
+        if record is not None and record["expires"] <= self._clock():
+            del self._records[key]
+            return None
+        return record
+
+    async def claim(self, key: str, body_hash: str, owner: str,
+                    lease_s: float) -> tuple[Outcome, Stored | None]:
+        if len(self._records) > 10_000:
+            for k in list(self._records):
+                self._live(k)
+        record = self._live(key)
+        if record is None:
+            self._records[key] = {"hash": body_hash, "owner": owner, "done": None,
+                                  "expires": self._clock() + lease_s}
+            return Outcome.NEW, None
+        return _judge(record["hash"], record["done"], body_hash)
+
+    async def refresh(self, key: str, owner: str, lease_s: float) -> None:
+        record = self._live(key)
+        if record is not None and record["owner"] == owner and record["done"] is None:
+            record["expires"] = self._clock() + lease_s
+
+    async def finish(self, key: str, owner: str, stored: Stored, body_hash: str = "") -> None:
+        record = self._live(key)
+        if record is None or record["owner"] == owner:
+            self._records[key] = {"hash": body_hash, "owner": owner, "done": stored,
+                                  "expires": self._clock() + TTL_SECONDS}
+
+    async def forget(self, key: str, owner: str) -> None:
+        record = self._live(key)
+        if record is not None and record["owner"] == owner and record["done"] is None:
+            del self._records[key]
+
+
+# KEYS[1] the record (a hash: hash, owner, and status + body once done).
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('HMGET', KEYS[1], 'hash', 'status', 'body')
+end
+redis.call('HSET', KEYS[1], 'hash', ARGV[1], 'owner', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+_REFRESH = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
+   and redis.call('HEXISTS', KEYS[1], 'status') == 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+"""
+_FINISH = """
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner and owner ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'hash', ARGV[2], 'status', ARGV[3],
+           'body', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+_FORGET = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
+   and redis.call('HEXISTS', KEYS[1], 'status') == 0 then
+  redis.call('DEL', KEYS[1])
+end
+return 1
+"""
+
+
+class RedisStore:
+    """Records in Redis, shared by every gateway process. Raises ``redis.RedisError`` /
+    ``OSError`` on Redis trouble: the pipeline decides what that means."""
+
+    def __init__(self, client, prefix: str) -> None:
+        self._prefix = prefix
+        self._claim = client.register_script(_CLAIM)
+        self._refresh = client.register_script(_REFRESH)
+        self._finish = client.register_script(_FINISH)
+        self._forget = client.register_script(_FORGET)
+
+    async def claim(self, key: str, body_hash: str, owner: str,
+                    lease_s: float) -> tuple[Outcome, Stored | None]:
+        result = await self._claim(keys=[self._prefix + key],
+                                   args=[body_hash, owner, max(1, int(lease_s * 1000))])
+        if result == 1:
+            return Outcome.NEW, None
+        stored_hash, status, body = result
+        done = Stored(int(status), body) if status is not None else None
+        return _judge((stored_hash or b"").decode(), done, body_hash)
+
+    async def refresh(self, key: str, owner: str, lease_s: float) -> None:
+        await self._refresh(keys=[self._prefix + key],
+                            args=[owner, max(1, int(lease_s * 1000))])
+
+    async def finish(self, key: str, owner: str, stored: Stored, body_hash: str = "") -> None:
+        await self._finish(keys=[self._prefix + key],
+                           args=[owner, body_hash, stored.status, stored.body, TTL_SECONDS])
+
+    async def forget(self, key: str, owner: str) -> None:
+        await self._forget(keys=[self._prefix + key], args=[owner])
+
+
+async def claim_or_wait(store, key: str, body_hash: str, owner: str, lease_s: float,
+                        wait_s: float) -> tuple[Outcome, Stored | None]:
+    """Claim the key; while another call holds it, wait (polling) up to ``wait_s`` for
+    its reply, or for its claim to go, then claim again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        outcome, stored = await store.claim(key, body_hash, owner, lease_s)
+        if outcome != Outcome.BUSY or time.monotonic() >= deadline:
             return outcome, stored
-    return Outcome.BUSY, None
+        await asyncio.sleep(POLL_SECONDS)

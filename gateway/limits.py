@@ -210,7 +210,10 @@ class RedisLimiter:
         try:
             ok, index, retry = await self._script(
                 keys=[self._prefix + lim.key for lim in limits], args=args)
-        except (redis.RedisError, OSError):  # TimeoutError is an OSError
+        except (redis.RedisError, OSError, RuntimeError):
+            # TimeoutError is an OSError; a connection dropped under redis-py can also
+            # surface as asyncio's RuntimeError ("the handler is closed"). Either way
+            # Redis could not decide: the policy does, never a 500.
             return self._degraded()
         if ok:
             return ALLOWED

@@ -39,6 +39,11 @@ TOKENS = Counter("reach_tokens", "Tokens metered, by direction (input, output)."
                  ["direction"], registry=REGISTRY)
 IDEMPOTENT_REPLAYS = Counter("reach_idempotent_replays",
                              "Calls answered from a stored first response.", registry=REGISTRY)
+IDEMPOTENCY_DEGRADED = Counter(
+    "reach_idempotency_degraded",
+    "Idempotency records that could not be read or written because Redis was unreachable.",
+    registry=REGISTRY,
+)
 LIMITS_DEGRADED = Counter(
     "reach_limits_degraded",
     "Rate-limit or budget checks decided by the fail-open/closed policy because Redis was "

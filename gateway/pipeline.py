@@ -36,17 +36,19 @@ import aiohttp
 import orjson
 
 from gateway import idempotency
+from gateway.budgets import Amount
 from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.governance import Governor
-from gateway.http_io import header, send_bytes, send_json, sse_headers
-from gateway.metrics import IDEMPOTENT_REPLAYS, RETRIES, TOKENS
+from gateway.http_io import header, read_body, send_bytes, send_json, sse_headers
+from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
+from gateway.protocols.base import estimate_tokens
 from gateway.sse import EventFramer, data_of
 from gateway.upstream import UpstreamFailure
 from gateway.usage import UsageQueue
 from reach_core.errors import ReachError
-from reach_core.kinds import Outcome
+from reach_core.kinds import CapabilityKind, Outcome
 from routing.router import Candidate, Router, RouteRequest
 from routing.table import ApiKeyEntry, RouteTable
 
@@ -64,7 +66,7 @@ class Request:
     request_id: str
     table: RouteTable
     key: ApiKeyEntry
-    raw: bytes
+    raw: bytes = b""  # read by the pipeline
 
     def header(self, name: bytes) -> str | None:
         return header(self.scope, name)
@@ -89,26 +91,30 @@ class Call:
 
     ``payload(protocol)`` is the input in canonical parameter names, shaped for the
     chosen agent's protocol (recomputed if a retry lands on another agent).
-    ``reply(result)`` is the JSON body of a non-streamed answer. With ``stream``,
-    ``relays(protocol)`` says whether the agent's own stream is relayed; when not,
-    the agent is called without streaming and ``events(result)`` is sent as the
-    stream. ``keep_usage_events``: relay usage-only events (else they are metered
-    and dropped).
+    ``reply(result)`` is the JSON body of a non-streamed answer. With ``stream``, an
+    agent whose capability streams (``kind: stream``, or a protocol that streams chat) is
+    asked for a stream, relayed event by event; any other agent is called without
+    streaming and ``events(result)`` is sent as the stream. ``reframe(protocol, agent name)``, when
+    it returns a function, rewrites each relayed event's streamed text into this door's
+    own events (``finish`` ends them); else events pass as they are.
+    ``keep_usage_events``: relay usage-only events (else they are metered and dropped).
     """
 
     route: RouteRequest
     payload: Callable[[AgentProtocol], dict]
     reply: Callable[[Result], dict]
     stream: bool = False
-    relays: Callable[[AgentProtocol], bool] = lambda protocol: True
     events: Callable[[Result], bytes] | None = None
+    reframe: Callable[[AgentProtocol, str], Callable[[str], bytes] | None] = \
+        lambda protocol, agent_name: None
+    finish: bytes = b""
     keep_usage_events: bool = True
 
 
 class Pipeline:
     def __init__(self, *, config: GatewayConfig, router: Router, caller: Caller,
                  governor: Governor | None, usage: UsageQueue | None,
-                 idempotency_store) -> None:
+                 idempotency_store, idempotency_fail_open: bool = False) -> None:
         self.config = config
         self.router = router
         self.caller = caller
@@ -116,55 +122,91 @@ class Pipeline:
         self.governor = governor
         self.usage = usage
         self.idempotency = idempotency_store
+        self.idempotency_fail_open = idempotency_fail_open
 
     # ---- the stages ---------------------------------------------------------------------
 
-    async def serve(self, request: Request, call: Call) -> str:
-        """Run ``call`` and send its reply; returns the outcome (for metrics). Raises
-        ``ReachError`` for a failure before any byte of the reply was sent."""
-        ctx = self._context(request)
-        candidate, payload = self._route(request.table, call, ctx)
-        if self.governor is not None:
-            await self.governor.admit(request.table, ctx.tenant_pk, candidate)
+    async def run(self, request: Request, parse: Callable[[Request], Call]) -> str:
+        """Parse, run the call and send its reply; returns the outcome (for metrics).
+        Raises ``ReachError`` for a failure before any byte of the reply was sent.
+
+        Whatever happens after authentication, the call is metered exactly once with its
+        final outcome, and its budget reservation is settled."""
+        ctx = CallContext(
+            request_id=request.request_id, tenant_pk=request.key.tenant_pk,
+            tenant_slug=request.table.tenants[request.key.tenant_pk].slug,
+            started=time.monotonic(), budget_ms=0, caller_budget_ms=None,
+            idempotency_key=None)
+        admission = None
+        outcome: str = Outcome.SUCCESS
+        try:
+            request.raw = await read_body(request.scope, request.receive,
+                                          self.config.max_body_bytes)
+            self._read_headers(request, ctx)
+            call = parse(request)
+            candidate, payload = self._route(request.table, call, ctx)
+            if self.governor is not None:
+                admission = await self.governor.admit(
+                    request.table, ctx.tenant_pk, candidate,
+                    ceiling=ceiling(candidate, payload), lease_s=self._lease_s(ctx, call))
+            outcome = await self._serve(request, call, ctx, candidate, payload)
+            return outcome
+        except ReachError as error:
+            outcome = error.code
+            raise
+        except asyncio.CancelledError:
+            outcome = Outcome.CLIENT_CANCELLED
+            raise
+        except Exception:
+            outcome = Outcome.INTERNAL_ERROR
+            raise
+        finally:
+            await self._meter(ctx, admission, outcome)
+
+    async def _serve(self, request: Request, call: Call, ctx: CallContext,
+                     candidate: Candidate, payload: dict) -> str:
         route_ms = (time.monotonic() - ctx.started) * 1000
-        relay = call.stream and call.relays(PROTOCOLS[candidate.agent.protocol])
-        if relay:
+        protocol = PROTOCOLS[candidate.agent.protocol]
+        if call.stream and (candidate.capability.kind == CapabilityKind.STREAM
+                            or protocol.speaks_chat):
             upstream = await self._open(request.table, call, candidate, payload, ctx,
                                         stream=True)
-            return await self._relay(request, call, upstream, ctx)
+            if upstream.response.content_type == "text/event-stream":
+                return await self._relay(request, call, upstream, ctx)
+            # It answered a stream request with one reply: send that as the stream.
+            reply = await self.caller.read(upstream, ctx)
+            await self._answer(request, call.events(Result(upstream.candidate, reply, ctx,
+                                                           route_ms)))
+            return Outcome.SUCCESS
 
         async def forward() -> dict | bytes:
             upstream = await self._open(request.table, call, candidate, payload, ctx,
                                         stream=False)
             reply = await self.caller.read(upstream, ctx)
-            self._meter(ctx, upstream.candidate, Outcome.SUCCESS, reply.input_tokens,
-                        reply.output_tokens)
             result = Result(upstream.candidate, reply, ctx, route_ms)
             if call.stream:  # a stream was asked of an agent that does not stream it
                 return call.events(result)
             return call.reply(result)
 
-        key = request.header(b"idempotency-key")
-        if key and not call.stream:
-            await self._idempotently(request, key, forward)
-            return Outcome.SUCCESS
-        answer = await forward()
-        if isinstance(answer, bytes):
-            await request.send({"type": "http.response.start", "status": 200,
-                                "headers": sse_headers(request.request_id)})
-            await request.send({"type": "http.response.body", "body": answer})
-        else:
-            await send_json(request.send, 200, answer, request.request_id)
+        if ctx.idempotency_key is not None and not call.stream:
+            return await self._idempotently(request, ctx, forward)
+        await self._answer(request, await forward())
         return Outcome.SUCCESS
 
-    def _context(self, request: Request) -> CallContext:
-        caller_budget = deadline_header(request)
-        return CallContext(
-            request_id=request.request_id, tenant_pk=request.key.tenant_pk,
-            tenant_slug=request.table.tenants[request.key.tenant_pk].slug,
-            started=time.monotonic(), budget_ms=0, caller_budget_ms=caller_budget,
-            idempotent=bool(request.header(b"idempotency-key")),
-        )
+    @staticmethod
+    def _read_headers(request: Request, ctx: CallContext) -> None:
+        key = request.header(b"idempotency-key")
+        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise ReachError("invalid_input", "Idempotency-Key must be 1 to "
+                             f"{MAX_IDEMPOTENCY_KEY} characters.")
+        ctx.idempotency_key = key
+        ctx.caller_budget_ms = deadline_header(request)
+
+    def _lease_s(self, ctx: CallContext, call: Call) -> float:
+        """How long a reservation or a claim outlives a call that never settles it (its
+        gateway died): the call's deadline, or the longest call for a stream, plus a margin."""
+        longest = self.config.max_timeout_ms if call.stream else ctx.budget_ms
+        return longest / 1000 + self.config.lease_margin_s
 
     def _route(self, table: RouteTable, call: Call, ctx: CallContext,
                exclude: frozenset[int] = frozenset()) -> tuple[Candidate, dict]:
@@ -173,6 +215,7 @@ class Pipeline:
         if decision.error:
             raise ReachError(decision.error, route_message(decision))
         candidate = decision.chosen
+        ctx.candidate = candidate
         capability = candidate.capability
         payload = call.payload(PROTOCOLS[candidate.agent.protocol])
         problems = self.caller.validators.errors(capability.input_schema, payload)
@@ -189,6 +232,7 @@ class Pipeline:
         """The first attempt, and at most one retry on another instance when it is safe."""
         while True:
             ctx.attempts.append(candidate.instance.pk)
+            ctx.candidate = candidate
             try:
                 return await self.caller.attempt(table, candidate, payload, ctx,
                                                  stream=stream)
@@ -209,45 +253,90 @@ class Pipeline:
             return False
         return ctx.remaining_ms() >= 2 * self.config.retry_backoff_ms[1]
 
-    async def _idempotently(self, request: Request, key: str, forward) -> None:
+    async def _idempotently(self, request: Request, ctx: CallContext, forward) -> str:
         """Run ``forward()`` at most once per (tenant, key); replay its stored reply to
-        duplicates. A failure that decided nothing (5xx, a crash) is forgotten, so a
-        retry runs again; a definite one (4xx) is stored like a success."""
-        if len(key) > MAX_IDEMPOTENCY_KEY:
-            raise ReachError("invalid_input", "Idempotency-Key is longer than "
-                             f"{MAX_IDEMPOTENCY_KEY} characters.")
-        store = self.idempotency
-        record, body_hash = (idempotency.record_key(request.key.tenant_pk, key),
-                             idempotency.fingerprint(request.raw))
-        outcome, stored = await store.claim(record, body_hash)
-        if outcome == idempotency.Outcome.BUSY:
-            outcome, stored = await idempotency.wait_for_first(store, record, body_hash, 30.0)
+        duplicates (see ``gateway.idempotency``). The claim is a lease refreshed while
+        the call runs; only the call's own results are stored."""
+        store, owner = self.idempotency, idempotency.new_owner()
+        record = idempotency.record_key(request.key.tenant_pk, ctx.idempotency_key)
+        body_hash = idempotency.fingerprint(request.raw)
+        lease_s = ctx.budget_ms / 1000 + self.config.lease_margin_s
+        try:
+            outcome, stored = await idempotency.claim_or_wait(
+                store, record, body_hash, owner, lease_s,
+                wait_s=min(lease_s, ctx.remaining_ms() / 1000) if ctx.caller_bound
+                else lease_s)
+        except ReachError:
+            raise
+        except Exception as exc:  # Redis unreachable: the documented policy, never a 500
+            IDEMPOTENCY_DEGRADED.inc()
+            if not self.idempotency_fail_open:
+                raise ReachError("idempotency_unavailable", "Idempotency keys cannot be "
+                                 "checked right now; retry shortly.", retry_after=1) from exc
+            await self._answer(request, await forward())
+            return Outcome.SUCCESS
         if outcome == idempotency.Outcome.MISMATCH:
             raise ReachError("idempotency_key_reused",
                              "This Idempotency-Key was used with a different request body.")
         if outcome == idempotency.Outcome.BUSY:
             raise ReachError("idempotency_in_progress",
-                             "A call with this Idempotency-Key is still running.")
+                             "A call with this Idempotency-Key is still running.",
+                             retry_after=max(1, round(lease_s)))
         if outcome == idempotency.Outcome.REPLAY:
             IDEMPOTENT_REPLAYS.inc()
             await send_bytes(request.send, stored.status, stored.body, request.request_id,
                              extra=[(b"idempotent-replayed", b"true")])
-            return
+            return Outcome.SUCCESS if stored.status < 400 else _code_of(stored.body)
+        ctx.restart_agent_clock()
+        refreshing = asyncio.ensure_future(self._keep_claim(record, owner, lease_s))
         try:
             reply = await forward()
         except ReachError as error:
-            if error.kind.status >= 500:
-                await store.forget(record)
-            else:
-                await store.finish(record, idempotency.Stored(
+            refreshing.cancel()
+            if error.code in idempotency.STORED_ERRORS:
+                await self._store_quietly(record, owner, body_hash, idempotency.Stored(
                     error.kind.status, orjson.dumps(error.body(request.request_id))))
+            else:
+                await self._forget_quietly(record, owner)
             raise
         except BaseException:
-            await store.forget(record)
+            refreshing.cancel()
+            await self._forget_quietly(record, owner)
             raise
+        refreshing.cancel()
         payload = orjson.dumps(reply)
-        await store.finish(record, idempotency.Stored(200, payload))
+        await self._store_quietly(record, owner, body_hash, idempotency.Stored(200, payload))
         await send_bytes(request.send, 200, payload, request.request_id)
+        return Outcome.SUCCESS
+
+    async def _keep_claim(self, record: str, owner: str, lease_s: float) -> None:
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            with contextlib.suppress(Exception):  # a missed refresh shortens the lease
+                await self.idempotency.refresh(record, owner, lease_s)
+
+    async def _store_quietly(self, record: str, owner: str, body_hash: str,
+                             stored: idempotency.Stored) -> None:
+        # The reply goes out even when it cannot be stored: a duplicate then runs again
+        # once the claim lapses, the agent sees the same Idempotency-Key and can tell.
+        try:
+            await self.idempotency.finish(record, owner, stored, body_hash)
+        except Exception:
+            IDEMPOTENCY_DEGRADED.inc()
+
+    async def _forget_quietly(self, record: str, owner: str) -> None:
+        try:
+            await self.idempotency.forget(record, owner)
+        except Exception:  # the claim lapses on its own
+            IDEMPOTENCY_DEGRADED.inc()
+
+    async def _answer(self, request: Request, answer: dict | bytes) -> None:
+        if isinstance(answer, bytes):
+            await request.send({"type": "http.response.start", "status": 200,
+                                "headers": sse_headers(request.request_id)})
+            await request.send({"type": "http.response.body", "body": answer})
+        else:
+            await send_json(request.send, 200, answer, request.request_id)
 
     async def _relay(self, request: Request, call: Call, upstream: Upstream,
                      ctx: CallContext) -> str:
@@ -256,7 +345,9 @@ class Pipeline:
         send = request.send
         await send({"type": "http.response.start", "status": 200,
                     "headers": sse_headers(ctx.request_id)})
-        meter: StreamMeter = PROTOCOLS[upstream.candidate.agent.protocol].stream_meter()
+        protocol = PROTOCOLS[upstream.candidate.agent.protocol]
+        meter: StreamMeter = protocol.stream_meter()
+        reframe = call.reframe(protocol, upstream.candidate.agent.name)
         framer = EventFramer()
         outcome: str = Outcome.SUCCESS
         error: ReachError | None = None
@@ -268,8 +359,12 @@ class Pipeline:
                     out = []
                     for event in framer.feed(chunk):
                         data = data_of(event)
-                        if data is not None and meter.observe(data) \
-                                and not call.keep_usage_events:
+                        usage_only = data is not None and meter.observe(data)
+                        if reframe is not None:
+                            if meter.last_texts:
+                                out.append(reframe("".join(meter.last_texts)))
+                            continue
+                        if usage_only and not call.keep_usage_events:
                             continue
                         out.append(event)
                     if out:
@@ -277,6 +372,9 @@ class Pipeline:
                                     "more_body": True})
                 if framer.pending.strip():
                     raise aiohttp.ClientPayloadError("stream ended inside an event")
+                if reframe is not None and call.finish:
+                    await send({"type": "http.response.body", "body": call.finish,
+                                "more_body": True})
             except (TimeoutError, aiohttp.ServerTimeoutError):
                 outcome = Outcome.UPSTREAM_TIMEOUT
                 error = ReachError("upstream_timeout", "the agent's stream went idle for "
@@ -310,27 +408,56 @@ class Pipeline:
             upstream.response.close()  # drops the connection: cancels the agent's work
             self.caller.record_stream(upstream, ok=outcome in (Outcome.SUCCESS,
                                                                Outcome.CLIENT_CANCELLED))
-            self._meter(ctx, upstream.candidate, outcome, *meter.totals())
+            ctx.reported = meter.totals()  # the agent answered: what it streamed counts
         return outcome
 
-    def _meter(self, ctx: CallContext, candidate: Candidate, outcome: str,
-               input_tokens: int = 0, output_tokens: int = 0) -> None:
-        """One usage event and the budget counters; never blocks, never raises."""
+    async def _meter(self, ctx: CallContext, admission, outcome: str) -> None:
+        """One usage event per call, whatever its outcome, and the budget settlement.
+        The agent's reported usage counts whenever it answered; a call it never answered
+        costs nothing. Never raises."""
         if self.governor is None or self.usage is None:
             return
+        candidate = ctx.candidate
+        input_tokens, output_tokens = ctx.reported or (0, 0)
+        spent = cost(candidate, input_tokens, output_tokens) \
+            if candidate is not None and ctx.reported is not None else 0.0
+        if admission is not None:
+            answered = int(ctx.reported is not None)
+            await self.governor.settle(admission, Amount.of(
+                requests=answered, tokens=input_tokens + output_tokens, cost=spent))
         TOKENS_IN.inc(input_tokens)
         TOKENS_OUT.inc(output_tokens)
-        spent = cost(candidate, input_tokens, output_tokens)
-        self.governor.record(ctx.tenant_pk, candidate, tokens=input_tokens + output_tokens,
-                             cost=spent)
         self.usage.emit({
             "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
-            "agent": candidate.agent.pk, "capability": candidate.capability.pk,
-            "instance": candidate.instance.pk, "outcome": str(outcome),
-            "input_tokens": input_tokens, "output_tokens": output_tokens, "cost": spent,
+            "agent": candidate.agent.pk if candidate else None,
+            "capability": candidate.capability.pk if candidate else None,
+            "instance": candidate.instance.pk if candidate else None,
+            "outcome": str(outcome), "input_tokens": input_tokens,
+            "output_tokens": output_tokens, "cost": spent,
             "latency_ms": int((time.monotonic() - ctx.started) * 1000),
             "occurred_at": time.time(),
         })
+
+
+def ceiling(candidate: Candidate, payload: dict) -> Callable[[], Amount]:
+    """The most a call may use, reserved against budgets: one request, the input's token
+    estimate plus the output ceiling it asked for (``max_tokens``), and their cost.
+    Computed only when a budget applies."""
+    def compute() -> Amount:
+        text = orjson.dumps(payload).decode()
+        input_tokens = estimate_tokens(text)
+        asked = payload.get("max_tokens") or payload.get("max_completion_tokens")
+        output_tokens = asked if isinstance(asked, int) and asked > 0 else 0
+        return Amount.of(requests=1, tokens=input_tokens + output_tokens,
+                         cost=cost(candidate, input_tokens, output_tokens))
+    return compute
+
+
+def _code_of(body: bytes) -> str:
+    try:
+        return orjson.loads(body)["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return Outcome.INTERNAL_ERROR
 
 
 def cost(candidate: Candidate, input_tokens: int, output_tokens: int) -> float:

@@ -49,7 +49,9 @@ async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
 
     One stream entry per batch of up to ``BATCH`` events (``{"b": <orjson list>}``):
     one Redis command for a hundred calls, not one per call. While Redis is away the
-    events wait in the (bounded) queue and go out when it is back.
+    events wait in the (bounded) queue and go out when it is back. Cancelled (at
+    shutdown), it ships what is waiting once more, and says how many events are lost
+    if that fails too.
     """
     import asyncio
     import logging
@@ -58,19 +60,44 @@ async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
 
     logger = logging.getLogger(__name__)
     pending: list[dict] = []
-    while True:
-        pending.extend(queue.drain(1000))
-        if not pending:
-            await asyncio.sleep(interval_s)
-            continue
-        try:
-            pipe = client.pipeline(transaction=False)
-            for start in range(0, len(pending), BATCH):
-                pipe.xadd(stream, {"b": orjson.dumps(pending[start:start + BATCH])},
-                          maxlen=maxlen, approximate=True)
-            await pipe.execute()
-            pending = []
-        except Exception as exc:  # Redis down: keep them, try again shortly
-            logger.warning("usage shipping paused (%s); %d events waiting",
-                           type(exc).__name__, len(pending))
-            await asyncio.sleep(min(1.0, interval_s * 20))
+    paused_since: float | None = None
+    last_warning = 0.0
+
+    async def ship() -> None:
+        pipe = client.pipeline(transaction=False)
+        for start in range(0, len(pending), BATCH):
+            pipe.xadd(stream, {"b": orjson.dumps(pending[start:start + BATCH])},
+                      maxlen=maxlen, approximate=True)
+        await pipe.execute()
+
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            pending.extend(queue.drain(1000))
+            if not pending:
+                await asyncio.sleep(interval_s)
+                continue
+            try:
+                await ship()
+                pending = []
+                if paused_since is not None:
+                    logger.warning("usage shipping resumed after %.1f s",
+                                   loop.time() - paused_since)
+                    paused_since = None
+            except Exception as exc:  # Redis down: keep them, try again shortly
+                now = loop.time()
+                paused_since = paused_since if paused_since is not None else now
+                if now - last_warning >= 30:  # once, then every 30 s, not every retry
+                    logger.warning("usage shipping paused (%s); %d events waiting",
+                                   type(exc).__name__, len(pending))
+                    last_warning = now
+                await asyncio.sleep(min(1.0, interval_s * 20))
+    except asyncio.CancelledError:
+        pending.extend(queue.drain(len(queue)))
+        if pending:
+            try:
+                await asyncio.wait_for(ship(), timeout=2)
+            except Exception:
+                logger.error("usage shipping stopped with Redis unreachable: %d usage "
+                             "events lost", len(pending))
+        raise

@@ -51,12 +51,15 @@ CATALOGUE: dict[str, ErrorKind] = {k.code: k for k in (
     ErrorKind("quota_exceeded", 429, False),
     ErrorKind("idempotency_in_progress", 409, True),
     ErrorKind("idempotency_key_reused", 422, False),
+    ErrorKind("idempotency_unavailable", 503, True),
     # the agent
     ErrorKind("deadline_exceeded", 504, False),
     ErrorKind("upstream_timeout", 504, True),
     ErrorKind("upstream_error", 502, True),
     ErrorKind("upstream_bad_response", 502, False),
+    ErrorKind("upstream_refused", 502, False),
     # the platform
+    ErrorKind("overloaded", 503, True),
     ErrorKind("unavailable", 503, True),
     ErrorKind("internal_error", 500, True),
 )}

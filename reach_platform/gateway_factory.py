@@ -16,8 +16,9 @@ from django.conf import settings
 
 from gateway.app import GatewayApp
 from gateway.breaker import CircuitBreakers
+from gateway.budgets import MemoryBudgets, RedisBudgets
 from gateway.config import GatewayConfig
-from gateway.governance import Governor, MemoryUsageCounters, RedisUsageCounters
+from gateway.governance import Governor
 from gateway.idempotency import MemoryStore, RedisStore
 from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
 from gateway.metrics import LIMITS_DEGRADED
@@ -53,22 +54,21 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     """
     usage = UsageQueue() if governed else None
     if not settings.REDIS_URL:
-        governor = Governor(limiter=InProcessLimiter(), counters=MemoryUsageCounters(),
+        governor = Governor(limiter=InProcessLimiter(), ledger=MemoryBudgets(),
                             on_degraded=LIMITS_DEGRADED.inc)
         return GatewayApp(table=table, router=router, config=gateway_config(),
                           breakers=circuit_breakers(), governor=governor if governed else None,
                           usage=usage, idempotency=MemoryStore())
 
-    import redis.asyncio as aioredis
-
     prefix = settings.REDIS_KEY_PREFIX
-    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
-                                     socket_connect_timeout=1)
+    client = redis_client(settings.REDIS_URL)
     governor = Governor(
         limiter=LeasingLimiter(RedisLimiter(client, prefix=prefix,
-                                            fail_open=settings.RATE_LIMIT_FAIL_OPEN,
-                                            on_degraded=LIMITS_DEGRADED.inc)),
-        counters=RedisUsageCounters(client, prefix),
+                                            fail_open=settings.RATE_LIMIT_FAIL_OPEN)),
+        ledger=RedisBudgets(client, prefix),
+        # Redis away: each process keeps the limit with a bucket of its own, so a limit
+        # admits at most its rate x the number of gateway processes.
+        fallback=InProcessLimiter() if settings.RATE_LIMIT_FAIL_OPEN else None,
         on_degraded=LIMITS_DEGRADED.inc,
     )
     background = []
@@ -77,7 +77,26 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     return GatewayApp(table=table, router=router, config=gateway_config(),
                       breakers=circuit_breakers(), governor=governor if governed else None,
                       usage=usage, idempotency=RedisStore(client, prefix),
+                      idempotency_fail_open=settings.IDEMPOTENCY_FAIL_OPEN,
                       background=background, closers=[client.aclose])
+
+
+def redis_client(url: str):
+    """The gateway's Redis client, built to outlive Redis restarts: connections checked
+    before use after 10 s idle, one quick retry on a dropped connection, and a bounded
+    pool whose callers wait at most a second for a connection."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=64, timeout=1, socket_timeout=1, socket_connect_timeout=1,
+        health_check_interval=10, socket_keepalive=True,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError])
+    return aioredis.Redis(connection_pool=pool)
 
 
 def build_application(*, governed: bool = True):

@@ -204,6 +204,9 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env.str("REACH_LOG_LEVEL", default="INFO")},
+    # A request with a Host header we do not serve gets its 400; a stranger must not be
+    # able to write a traceback into our log per request.
+    "loggers": {"django.security.DisallowedHost": {"handlers": [], "propagate": False}},
 }
 
 # Upstream allow-list: CIDRs and host names ("*.svc.cluster.local") agents may
@@ -228,9 +231,14 @@ GATEWAY_INTERNAL_NETWORKS = tuple(
     for n in env.list("REACH_INTERNAL_NETWORKS", default=["127.0.0.0/8", "::1/128"])
 )
 
-# Rate limits when Redis is unreachable: let calls through (logged and counted in
-# reach_limits_degraded_total) or refuse them.
+# Rate limits when Redis is unreachable (counted in reach_limits_degraded_total): true
+# keeps each limit with a bucket per gateway process (at most rate x processes pass);
+# false refuses the calls.
 RATE_LIMIT_FAIL_OPEN = env.bool("REACH_RATE_LIMIT_FAIL_OPEN", default=True)
+# Idempotency keys while Redis is unreachable: by default keyed calls get 503
+# idempotency_unavailable with Retry-After (nothing runs twice); true runs them
+# without de-duplication instead.
+IDEMPOTENCY_FAIL_OPEN = env.bool("REACH_IDEMPOTENCY_FAIL_OPEN", default=False)
 # Circuit breakers, per instance: the field's defaults (60 s window, 30 % failures
 # after 10 calls, 30 s cool-down); tests shorten the cool-down.
 GATEWAY_BREAKER_WINDOW_S = env.float("REACH_BREAKER_WINDOW_S", default=60.0)

@@ -44,10 +44,12 @@ class StreamMeter:
         self.output_tokens = 0
         self._reported = False
         self._estimated = 0
+        self.last_texts: list[str] = []  # the text the last observed event streamed
 
     def observe(self, data: bytes) -> bool:
         """Read one event's ``data``; True when the event carries usage and nothing else
         (a door that was not asked for usage may drop it)."""
+        self.last_texts = []
         if data == b"[DONE]":
             return False
         try:
@@ -64,6 +66,7 @@ class StreamMeter:
             self._reported = True
         for text in texts:
             self._estimated += estimate_tokens(text)
+        self.last_texts = texts
         return usage_only
 
     def read_event(self, event: dict) -> tuple[Mapping | None, list[str], bool]:

@@ -5,6 +5,7 @@
 - ``POST /echo``: replies ``{"echo": <body>, "headers": {<request headers>}}``;
 - ``POST /slow``: answers after 2 s (reporting the ``X-Reach-Deadline-Ms`` it saw);
 - ``POST /bad``: a reply that breaks the declared output schema;
+- ``POST /fail``: HTTP 500; ``POST /refuse``: HTTP 422;
 - ``POST /redirect``: a 302 the gateway must not follow;
 - ``POST /v1/chat/completions``: OpenAI chat; a last message ``die after N`` streams N
   chunks and then kills this process with SIGKILL, mid-stream;
@@ -12,7 +13,7 @@
   ``message/stream`` streams one artifact-update per word, then a final status-update
   reporting usage in ``metadata.usage`` (input 3, output = the number of words);
 - ``GET /healthz``; ``GET /_seen``: every request path, its X-Reach-Deadline-Ms and (for
-  echo, chat and A2A) its JSON body so far.
+  echo, slow, fail, chat and A2A) its JSON body and Idempotency-Key header so far.
 Prints ``READY`` once listening.
 """
 
@@ -32,7 +33,7 @@ SEEN: list[dict] = []
 
 def _seen(request: web.Request, body=None) -> None:
     SEEN.append({"path": request.path, "deadline": request.headers.get("X-Reach-Deadline-Ms"),
-                 "body": body})
+                 "idempotency_key": request.headers.get("Idempotency-Key"), "body": body})
 
 
 async def echo(request: web.Request) -> web.Response:
@@ -43,9 +44,18 @@ async def echo(request: web.Request) -> web.Response:
 
 
 async def slow(request: web.Request) -> web.Response:
-    SEEN.append({"path": request.path, "deadline": request.headers.get("X-Reach-Deadline-Ms")})
+    _seen(request, await request.json())
     await asyncio.sleep(2)
     return web.json_response({"ok": True})
+
+
+async def fail(request: web.Request) -> web.Response:
+    _seen(request, await request.json())
+    return web.json_response({"error": "scripted failure"}, status=500)
+
+
+async def refuse(request: web.Request) -> web.Response:
+    return web.json_response({"error": "text is required"}, status=422)
 
 
 async def bad(request: web.Request) -> web.Response:
@@ -136,6 +146,7 @@ async def seen(request: web.Request) -> web.Response:
 def main() -> None:
     app = web.Application()
     app.add_routes([web.post("/echo", echo), web.post("/slow", slow), web.post("/bad", bad),
+                    web.post("/fail", fail), web.post("/refuse", refuse),
                     web.post("/redirect", redirect), web.post("/v1/chat/completions", chat),
                     web.post("/a2a", a2a),
                     web.get("/healthz", healthz), web.get("/_seen", seen)])

@@ -44,3 +44,10 @@ def test_the_import_contracts_hold():
                             text=True, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert ", 0 broken." in result.stdout
+
+
+def test_every_error_code_is_an_outcome_a_call_can_be_metered_with():
+    from reach_core.errors import CATALOGUE
+    from reach_core.kinds import Outcome
+
+    assert set(CATALOGUE) <= set(Outcome)

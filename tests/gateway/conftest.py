@@ -126,3 +126,33 @@ def gateway(transactional_db, tmp_path, request):
     finally:
         stop(agent)
         stop_demo()
+
+
+def gateway_env(tmp_path, *, redis_url: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of another gateway process on the fixture's database and Redis
+    (or ``redis_url``, e.g. a forwarder's)."""
+    env = platform_env(tmp_path, DATABASE_URL=database_url(),
+                       REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS), **extra)
+    redis_url = redis_url or settings.REDIS_URL
+    if redis_url:
+        env |= {"REDIS_URL": redis_url, "REACH_REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX}
+    return env
+
+
+@contextlib.contextmanager
+def another_gateway(tmp_path, name: str, *, redis_url: str | None = None):
+    """A second gateway process beside the fixture's; yields its base URL."""
+    port = free_port()
+    with running(uvicorn_args(port), env=gateway_env(tmp_path, redis_url=redis_url),
+                 port=port, log=tmp_path / f"{name}.log") as base:
+        yield base
+
+
+def wait_for_table(bases, version: int) -> None:
+    """Until every gateway in ``bases`` serves route-table ``version`` or later."""
+    from tests.support.metrics import scrape
+    from tests.support.waiting import wait_for
+
+    for base in bases:
+        wait_for(lambda base=base: (scrape(base, "reach_route_table_version") or 0) >= version,
+                 timeout=15, interval=0.05, message=f"{base} to serve table v{version}")

@@ -10,6 +10,7 @@ import asyncio
 import re
 import uuid
 
+import orjson
 import pytest
 from prometheus_client import generate_latest
 
@@ -53,7 +54,7 @@ def test_a_keyed_chat_completion_runs_the_agent_once_and_replays(scripted):
                                   Idempotency_Key="k-chat")
             other = await gw.post("/v1/chat/completions", chat_body(marker + " changed"),
                                   Idempotency_Key="k-chat")
-            return first, again, other, len(gw.usage)
+            return first, again, other, gw.usage.drain()
 
     first, again, other, events = run(scenario())
     assert first.status_code == 200, first.text
@@ -63,7 +64,9 @@ def test_a_keyed_chat_completion_runs_the_agent_once_and_replays(scripted):
     assert other.status_code == 422
     assert other.json()["error"]["code"] == "idempotency_key_reused"
     assert scripted.calls_with(marker) == 1  # the agent ran once
-    assert events == 1  # and the call was metered once
+    # One event per request; only the call that ran carries the agent's usage and cost.
+    assert [e["outcome"] for e in events] == ["success", "success", "idempotency_key_reused"]
+    assert [e["output_tokens"] > 0 for e in events] == [True, False, False]
 
 
 def test_concurrent_keyed_duplicates_on_both_doors_run_the_agent_once(scripted):
@@ -212,7 +215,7 @@ def test_an_a2a_stream_is_relayed_and_metered_as_a2a(scripted):
     assert (event["input_tokens"], event["output_tokens"]) == (3, 4)  # the agent's figures
 
 
-def test_a_non_chat_agent_streams_as_one_chat_chunk(scripted):
+def test_an_a2a_stream_reaches_the_chat_door_as_chat_chunks_event_by_event(scripted):
     table, key = route_table(scripted_agents(scripted.endpoint))
 
     async def scenario():
@@ -223,8 +226,46 @@ def test_a_non_chat_agent_streams_as_one_chat_chunk(scripted):
     stream = run(scenario())
     assert stream.status_code == 200
     assert stream.headers["content-type"].startswith("text/event-stream")
-    assert b'"content":"a2a: hi there"' in stream.content
-    assert stream.content.endswith(b"data: [DONE]\n\n")
+    events = [e for e in stream.content.split(b"\n\n") if e]
+    contents = [orjson.loads(e[6:])["choices"][0]["delta"].get("content")
+                for e in events[:-1]]
+    assert contents == ["hi", "there", None]  # one chunk per A2A event, then the finish
+    assert events[-1] == b"data: [DONE]"
+    assert all(b'"chat.completion.chunk"' in e for e in events[:-1])
+
+
+def test_a_stream_asked_of_an_agent_that_does_not_stream_gets_its_answer_as_one_event(
+        scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            replies = [await gw.post("/v1/invoke", {"capability": "echo.all", "stream": True,
+                                                    "input": {"n": i}}) for i in range(15)]
+            return replies, gw.app.breakers.states()
+
+    replies, breakers = run(scenario())
+    for i, reply in enumerate(replies):
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        assert b"event: error" not in reply.content
+        [event] = [e for e in reply.content.split(b"\n\n") if e]
+        assert orjson.loads(event[6:])["output"]["echo"] == {"n": i}
+    assert breakers == {}  # nothing counted as a failure
+
+
+def test_an_agents_own_4xx_is_not_retryable(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            return await gw.post("/v1/invoke", {"capability": "refuse.op", "input": {}})
+
+    refused = run(scenario())
+    error = refused.json()["error"]
+    assert (refused.status_code, error["code"], error["retryable"]) == \
+        (400, "invalid_input", False)
+    assert "HTTP 422" in error["message"]
 
 
 def test_a_retry_goes_to_another_instance_when_the_first_never_got_the_call(scripted):

@@ -20,8 +20,9 @@ import httpx
 
 from gateway.app import GatewayApp
 from gateway.breaker import CircuitBreakers
+from gateway.budgets import MemoryBudgets
 from gateway.config import GatewayConfig
-from gateway.governance import Governor, MemoryUsageCounters
+from gateway.governance import Governor
 from gateway.idempotency import MemoryStore
 from gateway.limits import InProcessLimiter
 from gateway.usage import UsageQueue
@@ -106,6 +107,9 @@ def scripted_agents(endpoint: str) -> list[AgentEntry]:
               capability("slow.op", path="/slow", timeout_ms=5000),
               capability("bad.op", path="/bad",
                          output_schema={"type": "object", "required": ["answer"]}),
+              capability("fail.op", path="/fail"),
+              capability("refuse.op", path="/refuse"),
+              capability("echo.limited", path="/echo", qps=1, burst=2),
               price_per_call=0.5),
         agent("scripted-chat", endpoint,
               capability("chat.scripted", path="/v1/chat/completions", kind="stream"),
@@ -161,7 +165,7 @@ def gateway_app(table: RouteTable, *, breakers: CircuitBreakers | None = None,
     return GatewayApp(
         table=lambda: table, router=Router(), config=GatewayConfig(policy=policy, **config),
         breakers=breakers or CircuitBreakers(),
-        governor=Governor(limiter=InProcessLimiter(), counters=MemoryUsageCounters()),
+        governor=Governor(limiter=InProcessLimiter(), ledger=MemoryBudgets()),
         usage=UsageQueue(), idempotency=MemoryStore(),
     )
 

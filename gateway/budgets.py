@@ -1,0 +1,301 @@
+"""Monthly budgets that cannot be overshot: reserve a call's ceiling, then settle.
+
+Before a call is forwarded its *ceiling* (one request; its tokens: the input's
+estimate plus the output ceiling it asked for with ``max_tokens``; its cost at
+the agent's prices) is reserved against every scope a budget applies to (the
+tenant, the tenant × agent, the tenant × capability), all or nothing, in one
+atomic step. A call is admitted only while ``used + reserved + ceiling ≤ budget``
+holds for every budget, so however many calls and gateway processes run at once
+the admitted total stays within the budget. After the call the reservation is
+*settled*: removed, and the call's actual usage added (nothing for a call that
+failed without the agent reporting usage).
+
+Reservations are leases. One that is not settled in time (its gateway crashed)
+expires and stops counting; the lease is the call's deadline plus a margin.
+
+The bound, stated in the README: none for requests and per-call prices; tokens
+and token-priced cost overshoot only when an agent returns more output than the
+ceiling it was given (or when the caller gave none: then only the input is
+reserved, and calls in flight may exceed the budget by their output).
+
+``RedisBudgets`` shares the counters of every gateway process; ``MemoryBudgets``
+has the same semantics in one process (the embedded mode). Counters are per
+calendar month (UTC) and scope, in the same hash the batched usage counters of
+``gateway.governance`` write, so a budget added mid-month sees the month so far.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+COST_SCALE = 1_000_000  # costs are counted in millionths, as integers
+NO_LIMIT = -1
+FIELDS = ("requests", "tokens", "cost")
+
+
+def month_key(now: float | None = None) -> str:
+    return time.strftime("%Y-%m", time.gmtime(now if now is not None else time.time()))
+
+
+@dataclass(frozen=True)
+class Amount:
+    requests: int = 0
+    tokens: int = 0
+    cost: int = 0  # millionths
+
+    @classmethod
+    def of(cls, *, requests: int, tokens: int, cost: float) -> Amount:
+        return cls(requests, tokens, round(cost * COST_SCALE))
+
+    def values(self) -> tuple[int, int, int]:
+        return self.requests, self.tokens, self.cost
+
+
+@dataclass(frozen=True)
+class ScopeLimit:
+    """The budgets of one scope (``NO_LIMIT`` where none applies), in ``Amount`` units."""
+
+    scope: str
+    requests: int = NO_LIMIT
+    tokens: int = NO_LIMIT
+    cost: int = NO_LIMIT
+
+    def values(self) -> tuple[int, int, int]:
+        return self.requests, self.tokens, self.cost
+
+
+@dataclass
+class Reservation:
+    id: str
+    scopes: tuple[str, ...]
+    month: str
+    amount: Amount
+    settled: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    scope: str
+    metric: str  # requests | tokens | cost
+    limit: int
+
+
+_ids = itertools.count(1)
+_PROCESS = os.urandom(6).hex()
+
+
+def new_reservation_id() -> str:
+    return f"{_PROCESS}-{next(_ids)}"
+
+
+# KEYS: per scope three keys: the usage hash, the leases zset, the lease amounts hash.
+# ARGV: now_ms, expires_ms, id, ask requests, tokens, cost, then per scope three limits
+# (-1: none), then ttl_ms of the keys. Returns {1} when reserved, else {0, scope index,
+# field index}. Expired leases of every scope are dropped first, so a crashed gateway's
+# reservations stop counting once their lease lapses.
+_RESERVE = """
+local now, exp, id = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local ask = {tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])}
+local ttl = ARGV[#ARGV]
+local names = {'requests', 'tokens', 'cost'}
+local n = #KEYS / 3
+local function drop(h, a, rid)
+  local amount = redis.call('HGET', a, rid)
+  if amount then
+    local i = 1
+    for v in string.gmatch(amount, '[^,]+') do
+      -- 0 - v, not -v: Lua writes -0 as '-0', which HINCRBY refuses
+      redis.call('HINCRBY', h, 'reserved_' .. names[i], 0 - tonumber(v))
+      i = i + 1
+    end
+    redis.call('HDEL', a, rid)
+  end
+end
+for s = 0, n - 1 do
+  local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
+  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
+    drop(h, a, rid)
+    redis.call('ZREM', z, rid)
+  end
+end
+for s = 0, n - 1 do
+  local v = redis.call('HMGET', KEYS[3 * s + 1], 'requests', 'tokens', 'cost',
+                       'reserved_requests', 'reserved_tokens', 'reserved_cost')
+  for f = 1, 3 do
+    local limit = tonumber(ARGV[6 + 3 * s + f])
+    if limit >= 0 and ask[f] > 0 and
+       (tonumber(v[f]) or 0) + (tonumber(v[f + 3]) or 0) + ask[f] > limit then
+      return {0, s + 1, f}
+    end
+  end
+end
+local amount = ARGV[4] .. ',' .. ARGV[5] .. ',' .. ARGV[6]
+for s = 0, n - 1 do
+  local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
+  for f = 1, 3 do
+    redis.call('HINCRBY', h, 'reserved_' .. names[f], ask[f])
+  end
+  redis.call('ZADD', z, exp, id)
+  redis.call('HSET', a, id, amount)
+  for _, k in ipairs({h, z, a}) do redis.call('PEXPIRE', k, ttl) end
+end
+return {1}
+"""
+
+# KEYS: as for reserve. ARGV: id, actual requests, tokens, cost, ttl_ms. Drops the lease
+# if it is still held (it may have lapsed) and adds the actual usage.
+_SETTLE = """
+local id = ARGV[1]
+local actual = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
+local names = {'requests', 'tokens', 'cost'}
+for s = 0, #KEYS / 3 - 1 do
+  local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
+  local amount = redis.call('HGET', a, id)
+  if amount then
+    local i = 1
+    for v in string.gmatch(amount, '[^,]+') do
+      -- 0 - v, not -v: Lua writes -0 as '-0', which HINCRBY refuses
+      redis.call('HINCRBY', h, 'reserved_' .. names[i], 0 - tonumber(v))
+      i = i + 1
+    end
+    redis.call('HDEL', a, id)
+    redis.call('ZREM', z, id)
+  end
+  for f = 1, 3 do
+    if actual[f] ~= 0 then redis.call('HINCRBY', h, names[f], actual[f]) end
+  end
+  redis.call('PEXPIRE', h, ARGV[5])
+end
+return 1
+"""
+
+KEY_TTL_MS = 40 * 86400 * 1000
+
+
+class RedisBudgets:
+    """Budget counters and reservations in Redis, shared by every gateway process.
+
+    ``reserve`` and ``settle`` raise on Redis trouble (``redis.RedisError``, ``OSError``);
+    the governor decides what that means (see ``gateway.governance``)."""
+
+    def __init__(self, client, prefix: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._clock = clock
+        self._reserve = client.register_script(_RESERVE)
+        self._settle = client.register_script(_SETTLE)
+
+    def usage_key(self, month: str, scope: str) -> str:
+        return f"{self._prefix}usage-month:{month}:{scope}"
+
+    def _keys(self, month: str, scopes: Sequence[str]) -> list[str]:
+        keys = []
+        for scope in scopes:
+            base = self.usage_key(month, scope)
+            keys += [base, base + ":leases", base + ":lease-amounts"]
+        return keys
+
+    async def reserve(self, limits: Sequence[ScopeLimit], ask: Amount,
+                      lease_s: float) -> Reservation | Refusal:
+        now = self._clock()
+        month = month_key(now)
+        reservation = Reservation(new_reservation_id(), tuple(lim.scope for lim in limits),
+                                  month, ask)
+        args = [int(now * 1000), int((now + lease_s) * 1000), reservation.id, *ask.values()]
+        for limit in limits:
+            args += limit.values()
+        result = await self._reserve(keys=self._keys(month, reservation.scopes),
+                                     args=[*args, KEY_TTL_MS])
+        if int(result[0]) == 1:
+            return reservation
+        limit = limits[int(result[1]) - 1]
+        metric = FIELDS[int(result[2]) - 1]
+        return Refusal(limit.scope, metric, getattr(limit, metric))
+
+    async def settle(self, reservation: Reservation, actual: Amount) -> None:
+        await self._settle(keys=self._keys(reservation.month, reservation.scopes),
+                           args=[reservation.id, *actual.values(), KEY_TTL_MS])
+
+    async def add_many(self, amounts: dict[tuple[str, str], Amount]) -> None:
+        """Usage outside any reservation, by (month, scope): one pipelined round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        for (month, scope), amount in amounts.items():
+            key = self.usage_key(month, scope)
+            for name, value in zip(FIELDS, amount.values(), strict=True):
+                if value:
+                    pipe.hincrby(key, name, value)
+            pipe.pexpire(key, KEY_TTL_MS)
+        await pipe.execute()
+
+    async def used(self, scope: str, month: str | None = None) -> dict[str, int]:
+        raw = await self._client.hgetall(self.usage_key(month or month_key(self._clock()),
+                                                        scope))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+
+@dataclass
+class _Counts:
+    used: list[int] = field(default_factory=lambda: [0, 0, 0])
+    reserved: list[int] = field(default_factory=lambda: [0, 0, 0])
+    leases: dict[str, tuple[float, Amount]] = field(default_factory=dict)
+
+
+class MemoryBudgets:
+    """The same ledger in this process (the embedded mode). Never awaits inside a
+    decision, so it is atomic within one event loop."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._counts: dict[tuple[str, str], _Counts] = {}
+
+    def counts(self, month: str, scope: str) -> _Counts:
+        return self._counts.setdefault((month, scope), _Counts())
+
+    async def reserve(self, limits: Sequence[ScopeLimit], ask: Amount,
+                      lease_s: float) -> Reservation | Refusal:
+        now = self._clock()
+        month = month_key(now)
+        rows = [self.counts(month, limit.scope) for limit in limits]
+        for row in rows:
+            for rid, (expires, amount) in list(row.leases.items()):
+                if expires <= now:
+                    del row.leases[rid]
+                    row.reserved = [r - a for r, a in zip(row.reserved, amount.values(),
+                                                          strict=True)]
+        wanted = ask.values()
+        for limit, row in zip(limits, rows, strict=True):
+            for index, cap in enumerate(limit.values()):
+                if cap >= 0 and wanted[index] > 0 and \
+                        row.used[index] + row.reserved[index] + wanted[index] > cap:
+                    return Refusal(limit.scope, FIELDS[index], cap)
+        reservation = Reservation(new_reservation_id(), tuple(lim.scope for lim in limits),
+                                  month, ask)
+        for row in rows:
+            row.reserved = [r + a for r, a in zip(row.reserved, wanted, strict=True)]
+            row.leases[reservation.id] = (now + lease_s, ask)
+        return reservation
+
+    async def settle(self, reservation: Reservation, actual: Amount) -> None:
+        for scope in reservation.scopes:
+            row = self.counts(reservation.month, scope)
+            held = row.leases.pop(reservation.id, None)
+            if held is not None:
+                row.reserved = [r - a for r, a in zip(row.reserved, held[1].values(),
+                                                      strict=True)]
+            row.used = [u + a for u, a in zip(row.used, actual.values(), strict=True)]
+
+    async def add_many(self, amounts: dict[tuple[str, str], Amount]) -> None:
+        """Usage outside any reservation, by (month, scope)."""
+        for (month, scope), amount in amounts.items():
+            row = self.counts(month, scope)
+            row.used = [u + a for u, a in zip(row.used, amount.values(), strict=True)]
+
+    async def used(self, scope: str, month: str | None = None) -> dict[str, int]:
+        row = self.counts(month or month_key(self._clock()), scope)
+        return {**dict(zip(FIELDS, row.used, strict=True)),
+                **{f"reserved_{n}": v for n, v in zip(FIELDS, row.reserved, strict=True)}}
