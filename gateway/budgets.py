@@ -97,13 +97,11 @@ def new_reservation_id() -> str:
 # (-1: none), then ttl_ms of the keys. Returns {1} when reserved, else {0, scope index,
 # field index}. Expired leases of every scope are dropped first, so a crashed gateway's
 # reservations stop counting once their lease lapses.
-_RESERVE = """
-local now, exp, id = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local ask = {tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])}
-local ttl = ARGV[#ARGV]
+# Shared by both scripts: drop lease ``rid`` of one scope (usage hash h, leases zset z,
+# lease amounts a), giving its reserved amounts back.
+_DROP = """
 local names = {'requests', 'tokens', 'cost'}
-local n = #KEYS / 3
-local function drop(h, a, rid)
+local function drop(h, z, a, rid)
   local amount = redis.call('HGET', a, rid)
   if amount then
     local i = 1
@@ -114,12 +112,19 @@ local function drop(h, a, rid)
     end
     redis.call('HDEL', a, rid)
   end
+  redis.call('ZREM', z, rid)
 end
+"""
+
+_RESERVE = _DROP + """
+local now, exp, id = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local ask = {tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])}
+local ttl = ARGV[#ARGV]
+local n = #KEYS / 3
 for s = 0, n - 1 do
   local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
   for _, rid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
-    drop(h, a, rid)
-    redis.call('ZREM', z, rid)
+    drop(h, z, a, rid)
   end
 end
 for s = 0, n - 1 do
@@ -148,23 +153,12 @@ return {1}
 
 # KEYS: as for reserve. ARGV: id, actual requests, tokens, cost, ttl_ms. Drops the lease
 # if it is still held (it may have lapsed) and adds the actual usage.
-_SETTLE = """
+_SETTLE = _DROP + """
 local id = ARGV[1]
 local actual = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
-local names = {'requests', 'tokens', 'cost'}
 for s = 0, #KEYS / 3 - 1 do
   local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
-  local amount = redis.call('HGET', a, id)
-  if amount then
-    local i = 1
-    for v in string.gmatch(amount, '[^,]+') do
-      -- 0 - v, not -v: Lua writes -0 as '-0', which HINCRBY refuses
-      redis.call('HINCRBY', h, 'reserved_' .. names[i], 0 - tonumber(v))
-      i = i + 1
-    end
-    redis.call('HDEL', a, id)
-    redis.call('ZREM', z, id)
-  end
+  drop(h, z, a, id)
   for f = 1, 3 do
     if actual[f] ~= 0 then redis.call('HINCRBY', h, names[f], actual[f]) end
   end

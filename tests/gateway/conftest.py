@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import httpx
@@ -18,7 +16,8 @@ from registry.spec import AgentSpec, CapabilitySpec
 from tenants.choices import ApiKeyScope
 from tests import factories
 from tests.support.forwarder import Forwarder
-from tests.support.servers import ROOT, free_port, platform_env, running, uvicorn_args
+from tests.support.inprocess import start_scripted_agent, stop_process
+from tests.support.servers import free_port, platform_env, running, uvicorn_args
 
 
 def database_url() -> str:
@@ -28,21 +27,12 @@ def database_url() -> str:
     return f"sqlite:///{db['NAME']}"
 
 
-def start_scripted_agent(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.agents.scripted_agent", str(port)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
-    if proc.stdout.readline().strip() != "READY":
-        proc.kill()
-        raise RuntimeError("scripted agent did not start")
-    return proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
-    proc.stdout.close()
+@pytest.fixture(scope="session")
+def scripted():
+    """One scripted agent for the in-process gateway tests of the whole session."""
+    agent = start_scripted_agent(free_port())
+    yield agent
+    stop_process(agent.proc)
 
 
 @dataclass
@@ -93,7 +83,7 @@ def gateway(transactional_db, tmp_path, request):
     tenant = factories.tenant()
     demo_agents, stop_demo = run_in_thread()
     agent_port = free_port()
-    agent = start_scripted_agent(agent_port)
+    agent = start_scripted_agent(agent_port).proc
     try:
         for demo in demo_agents:
             agent_register(tenant=tenant, spec=parse_json_descriptor(demo.descriptor))
@@ -124,7 +114,7 @@ def gateway(transactional_db, tmp_path, request):
                 yield Gateway(base=base, key=key, tenant=tenant, agent_port=agent_port,
                               procs=[agent], postgres=postgres, redis=redis)
     finally:
-        stop(agent)
+        stop_process(agent)
         stop_demo()
 
 

@@ -25,8 +25,6 @@ from tests.support.inprocess import (
     quota,
     route_table,
     scripted_agents,
-    start_scripted_agent,
-    stop_process,
     with_instances,
 )
 from tests.support.lossy import LossyProxy
@@ -35,12 +33,6 @@ from tests.support.servers import free_port
 needs_redis = pytest.mark.skipif(not settings.REDIS_URL,
                                  reason="needs the machine's Redis (.ci/run sets REDIS_URL)")
 
-
-@pytest.fixture(scope="module")
-def scripted():
-    agent = start_scripted_agent(free_port())
-    yield agent
-    stop_process(agent.proc)
 
 
 def run(coroutine):

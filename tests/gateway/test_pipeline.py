@@ -11,7 +11,6 @@ import re
 import uuid
 
 import orjson
-import pytest
 from prometheus_client import generate_latest
 
 from gateway.metrics import REGISTRY
@@ -25,13 +24,6 @@ from tests.support.inprocess import (
     with_instances,
 )
 from tests.support.servers import free_port
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    agent = start_scripted_agent(free_port())
-    yield agent
-    stop_process(agent.proc)
 
 
 def run(coroutine):
@@ -342,3 +334,23 @@ def test_retry_then_breaker_then_half_open_recovery_on_an_injected_clock(scripte
     assert seen, "the revived instance got no traffic"
     assert probes[-1].json()["instance"] == dead
     assert live != dead
+
+
+def test_a_stream_that_goes_idle_is_counted_and_metered_with_its_real_outcome(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key, stream_idle_timeout_s=0.3) as gw:
+            stream = await gw.post("/v1/invoke", {"capability": "chat.scripted", "stream": True,
+                                                  "input": {"text": "stall after 2 words"}},
+                                   X_Request_ID="idle-stream")
+            return stream, gw.usage.drain(), generate_latest(REGISTRY).decode()
+
+    stream, events, metrics = run(scenario())
+    assert stream.status_code == 200 and b"event: error" in stream.content
+    assert b'"code":"upstream_timeout"' in stream.content
+    [event] = [e for e in events if e["request_id"] == "idle-stream"]
+    assert event["outcome"] == "upstream_timeout"
+    assert event["output_tokens"] == 2  # what it streamed before stalling still counts
+    assert 'reach_calls_total{endpoint="invoke",outcome="upstream_timeout"}' in metrics
+    assert not any('endpoint="stream"' in line for line in metrics.splitlines())
