@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from metering import selectors
+from metering.choices import Outcome
 from metering.models import BudgetAlert, UsageDaily, UsageEvent
 from metering.reports import PeriodError, cost_chart, readable_tenants, resolve_period
 from reach_platform.admin_base import ReadOnlyTenantScopedAdmin, badge
@@ -23,6 +24,7 @@ from tenants.principal import principal_for_request
 # Offers only tenants with rows the user can see: the plain related filter would
 # list every tenant's slug to every staff user.
 _TENANT_FILTER = ("tenant", admin.RelatedOnlyFieldListFilter)
+_REASON_LABELS = dict(Outcome.choices)
 
 
 @admin.register(UsageEvent)
@@ -69,12 +71,16 @@ class UsageReportForm(forms.Form):
 @admin.register(UsageDaily)
 class UsageDailyAdmin(ReadOnlyTenantScopedAdmin):
     list_display = [
-        "day", "tenant", "agent", "capability", "requests", "errors", "input_tokens",
-        "output_tokens", "cost",
+        "day", "tenant", "agent", "capability", "requests", "errors", "reasons",
+        "input_tokens", "output_tokens", "cost",
     ]
     list_filter = [_TENANT_FILTER]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     date_hierarchy = "day"
+
+    @admin.display(description="errors by reason")
+    def reasons(self, obj: UsageDaily) -> str:
+        return ", ".join(f"{reason} {count}" for reason, count in obj.errors_by_reason.items())
 
     def get_urls(self) -> list[URLPattern]:
         report = path(
@@ -85,7 +91,7 @@ class UsageDailyAdmin(ReadOnlyTenantScopedAdmin):
         return [report, *super().get_urls()]
 
     def report_view(self, request: HttpRequest) -> HttpResponse:
-        """Usage and cost over a period for ops and finance, from the raw events."""
+        """Usage, errors by reason and cost over a period for ops and finance."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         principal = principal_for_request(request)
@@ -129,12 +135,20 @@ class UsageDailyAdmin(ReadOnlyTenantScopedAdmin):
                  "group_by": ",".join(group_by)}
         if tenant is not None:
             query["tenant"] = tenant.slug
+        totals = selectors.usage_totals(tenant_ids=tenant_ids, **period)
         return {
             **period,
             "tenant": tenant,
             "group_by": group_by,
             "rows": selectors.usage_report(tenant_ids=tenant_ids, group_by=group_by, **period),
-            "totals": selectors.usage_totals(tenant_ids=tenant_ids, **period),
+            "totals": totals,
+            # The period's errors per reason, most frequent first, with the admin's wording.
+            "reasons": [
+                {"reason": reason, "label": _REASON_LABELS.get(reason, reason), "count": count,
+                 "percent": round(100 * count / totals["requests"], 1)}
+                for reason, count in sorted(totals["errors_by_reason"].items(),
+                                            key=lambda item: (-item[1], item[0]))
+            ],
             "chart": cost_chart(selectors.daily_cost(tenant_ids=tenant_ids, **period)),
             "allocation": allocation,
             "allocation_total": selectors.allocation_total(allocation),

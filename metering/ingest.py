@@ -26,6 +26,7 @@ from django.db import models, transaction
 
 from metering.choices import Outcome
 from metering.models import UsageEvent
+from metering.rollups import pending_mark
 from registry.models import Agent, Capability, Instance
 from tenants.models import Tenant
 
@@ -200,6 +201,9 @@ def usage_events_store(events: Iterable[Any]) -> int:
     UsageEvent.objects.bulk_create(
         [UsageEvent(**row) for row in values], ignore_conflicts=True, batch_size=_IN_CHUNK
     )
+    # In this transaction: the rollups of these hours and days are stale until rebuilt,
+    # however late the events arrived, and reports read their events meanwhile.
+    pending_mark(r["occurred_at"] for r in values if r["request_id"] not in known)
     return sum(1 for r in values if r["request_id"] not in known)
 
 

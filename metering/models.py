@@ -65,7 +65,12 @@ class UsageTotals(models.Model):
         db_constraint=False, related_name="+",
     )
     requests = models.PositiveBigIntegerField(default=0)
+    # Every call whose outcome is not success (client_cancelled included) ...
     errors = models.PositiveBigIntegerField(default=0)
+    # ... and the same calls per outcome, ``{"upstream_error": 3, ...}``: only outcomes
+    # that occurred, never success; the counts add up to ``errors``. (Key order is not
+    # kept by jsonb; reports order the reasons.)
+    errors_by_reason = models.JSONField(default=dict, blank=True)
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal(0))
@@ -111,6 +116,31 @@ class UsageHourly(UsageTotals):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}h {self.tenant_id}"
+
+
+class PendingRollup(models.Model):
+    """A rollup period whose rows may lag its events: rebuilt by the next rollup run.
+
+    The consumer marks the hour and the day of every event it stores, in the same
+    transaction, so an event stored late (a consumer backlog, a rollup job that was
+    down) is never lost from a rollup. Until the period is rebuilt, reports read
+    its raw events instead of its rollup rows. Internal bookkeeping, no tenant.
+    """
+
+    HOUR = "hour"
+    DAY = "day"
+
+    kind = models.CharField(max_length=4, choices=[(HOUR, "Hour"), (DAY, "Day")])
+    start = models.DateTimeField(help_text="Start of the UTC hour or day.")
+
+    class Meta:
+        ordering = ["kind", "start"]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "start"], name="pending_rollup_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.start:%Y-%m-%d %H}h"
 
 
 class BudgetAlert(models.Model):

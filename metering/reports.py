@@ -13,6 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from metering.choices import ERROR_REASONS
 from metering.selectors import GROUP_KEYS, METRIC_KEYS
 from tenants.models import Tenant
 
@@ -81,8 +82,14 @@ def readable_tenants(tenant_ids: Iterable[int] | None):
     return Tenant.objects.for_tenants(tenant_ids).order_by("slug")
 
 
+# One column per outcome but success, in every export whatever occurred: the header
+# is the same for every period, so exports concatenate and import alike.
+REASON_COLUMNS: tuple[str, ...] = tuple(f"errors_{reason}" for reason in ERROR_REASONS)
+
+
 def csv_columns(group_by: Sequence[str]) -> list[str]:
-    return [*group_by, *METRIC_KEYS]
+    """The group keys, the metrics, then ``errors_<outcome>`` for every error outcome."""
+    return [*group_by, *METRIC_KEYS, *REASON_COLUMNS]
 
 
 def _csv_cell(value: Any) -> str:
@@ -96,7 +103,10 @@ def report_csv(rows: Iterable[dict[str, Any]], group_by: Sequence[str]) -> str:
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow([_csv_cell(row[column]) for column in columns])
+        reasons = row["errors_by_reason"]
+        cells = {**row, **{f"errors_{reason}": reasons.get(reason, 0)
+                           for reason in ERROR_REASONS}}
+        writer.writerow([_csv_cell(cells[column]) for column in columns])
     return buffer.getvalue()
 
 

@@ -1,9 +1,13 @@
-"""Usage and cost reports, read straight from ``UsageEvent``.
+"""Usage and cost reports: daily rollups for settled days, raw events for the rest.
 
-Reports aggregate the raw events rather than the daily/hourly rollups so they
-are right before (and regardless of whether) a rollup has run. Every function
-takes ``tenant_ids``: the tenants the caller may read, ``None`` meaning all of
-them (superusers), an empty collection meaning none.
+A day is *settled* when it ended before yesterday (UTC) and is not pending (every
+event stored for it has been rolled up, ``metering.rollups``): its figures come
+from ``UsageDaily``. Today, yesterday and pending days come from ``UsageEvent``.
+So a report is current up to the last stored call, yet a year-long report reads a
+few days of raw events, not a year of them. Both sources give the same sums.
+
+Every function takes ``tenant_ids``: the tenants the caller may read, ``None``
+meaning all of them (superusers), an empty collection meaning none.
 """
 
 from __future__ import annotations
@@ -13,19 +17,22 @@ from collections.abc import Iterable, Sequence
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from django.db.models import Count, DecimalField, Q, QuerySet, Sum
+from django.db.models import Count, DecimalField, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
-from metering.choices import Outcome
-from metering.models import UsageEvent
+from metering.choices import Outcome, sorted_reasons
+from metering.models import UsageDaily, UsageEvent
+from metering.rollups import pending_days
 
 GROUP_KEYS: tuple[str, ...] = ("tenant", "agent", "capability", "day")
 METRIC_KEYS: tuple[str, ...] = (
     "requests", "errors", "input_tokens", "output_tokens", "cost", "latency_ms_avg",
 )
-# Events keep their row when the agent or capability goes (SET_NULL); calls that
-# never reached an agent carry no agent either, so both land in this bucket.
-MISSING = "(deleted)"
+# Calls refused before routing (no_capability, invalid_input, ...) carry no agent and
+# no capability; events keep their row when the agent or capability goes (SET_NULL),
+# so a deleted agent's past calls land in the same bucket.
+MISSING: dict[str, str] = {"agent": "(no agent)", "capability": "(no capability)"}
 
 COST_PLACES = Decimal("0.000001")
 SHARE_PLACES = Decimal("0.000001")
@@ -34,7 +41,8 @@ SHARE_PLACES = Decimal("0.000001")
 # decimal context SQLite's converter quantizes with (it uses max_digits).
 _COST_SUM = DecimalField(max_digits=24, decimal_places=6)
 
-# The ORM lookups each group key groups on; the first one is what is reported.
+# The ORM lookups each group key groups on (the same on UsageEvent and UsageDaily);
+# the first one is what is reported.
 _GROUP_LOOKUPS: dict[str, tuple[str, ...]] = {
     "tenant": ("tenant__slug",),
     # Grouped by id too: two agents may share a name across namespaces.
@@ -43,6 +51,7 @@ _GROUP_LOOKUPS: dict[str, tuple[str, ...]] = {
     "capability": ("capability__capability_id",),
     "day": ("report_day",),
 }
+_SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cost", "latency_ms_total")
 
 
 def period_bounds(start: dt.date, end: dt.date) -> tuple[dt.datetime, dt.datetime]:
@@ -52,40 +61,124 @@ def period_bounds(start: dt.date, end: dt.date) -> tuple[dt.datetime, dt.datetim
     return lower, upper
 
 
-def _events(
+def _day_ranges(days: Iterable[dt.date]) -> Q:
+    """``occurred_at`` within any of ``days``, consecutive days as one range."""
+    condition = Q(pk__in=[])  # matches nothing
+    ordered = sorted(set(days))
+    while ordered:
+        first = last = ordered.pop(0)
+        while ordered and ordered[0] == last + dt.timedelta(days=1):
+            last = ordered.pop(0)
+        lower, upper = period_bounds(first, last)
+        condition |= Q(occurred_at__gte=lower, occurred_at__lt=upper)
+    return condition
+
+
+def _sources(
     *, tenant_ids: Iterable[int] | None, start: dt.date, end: dt.date
-) -> QuerySet[UsageEvent]:
-    lower, upper = period_bounds(start, end)
+) -> tuple[QuerySet[UsageDaily], QuerySet[UsageEvent]]:
+    """The rollup rows of the settled days and the events of the others in the period."""
+    tenant_ids = None if tenant_ids is None else list(tenant_ids)
+    today = timezone.now().astimezone(dt.UTC).date()
+    recent_from = max(start, today - dt.timedelta(days=1))
+    pending = pending_days(start, end)
+    from_events = pending | {
+        recent_from + dt.timedelta(days=n) for n in range((end - recent_from).days + 1)
+    }
     # order_by(): Meta.ordering must not leak into GROUP BY.
-    return (
-        UsageEvent.objects.for_tenants(tenant_ids)
-        .filter(occurred_at__gte=lower, occurred_at__lt=upper)
+    rollups = (
+        UsageDaily.objects.for_tenants(tenant_ids)
+        .filter(day__gte=start, day__lte=min(end, today - dt.timedelta(days=2)))
+        .exclude(day__in=pending)
         .order_by()
     )
+    events = UsageEvent.objects.for_tenants(tenant_ids).filter(_day_ranges(from_events))
+    return rollups, events.order_by()
 
 
-def _metric_aggregates() -> dict[str, Any]:
-    return {
-        "requests": Count("id"),
-        "errors": Count("id", filter=~Q(outcome=Outcome.SUCCESS)),
-        "input_tokens": Sum("input_tokens"),
-        "output_tokens": Sum("output_tokens"),
-        "cost": Sum("cost", output_field=_COST_SUM),
-        # Summed, not averaged, in SQL: the mean is derived once, the same way for
-        # rows and totals.
-        "latency_ms_total": Sum("latency_ms"),
-    }
+def _zero() -> dict[str, Any]:
+    return {**dict.fromkeys(_SUMS, 0), "cost": Decimal(0), "errors_by_reason": {}}
 
 
-def _metrics(raw: dict[str, Any]) -> dict[str, Any]:
-    requests = int(raw.get("requests") or 0)
-    latency_total = int(raw.get("latency_ms_total") or 0)
+def _group_key(raw: dict[str, Any], keys: Sequence[str]) -> tuple:
+    key: list[Any] = []
+    for name in keys:
+        if name == "agent":
+            # A rollup row keeps a deleted agent's id: it groups with the events' NULL.
+            agent = raw["agent__name"]
+            key.append((agent, raw["agent_id"] if agent is not None else None))
+        elif name == "day":
+            value = raw["report_day"]
+            # SQLite may hand back the ISO string, PostgreSQL a date.
+            key.append(value.isoformat() if isinstance(value, dt.date) else str(value))
+        else:
+            key.append(raw[_GROUP_LOOKUPS[name][0]])
+    return tuple(key)
+
+
+def _grouped(queryset: QuerySet, lookups: list[str], **aggregates: Any) -> list[dict]:
+    if lookups:
+        return list(queryset.values(*lookups).annotate(**aggregates))
+    # values() without fields would mean "every field".
+    return [queryset.aggregate(**aggregates)]
+
+
+def _sums(
+    *, tenant_ids: Iterable[int] | None, start: dt.date, end: dt.date, keys: Sequence[str]
+) -> dict[tuple, dict[str, Any]]:
+    """Per group (see ``_group_key``): the sums and ``errors_by_reason``."""
+    rollups, events = _sources(tenant_ids=tenant_ids, start=start, end=end)
+    if "day" in keys:
+        rollups = rollups.annotate(report_day=F("day"))
+        events = events.annotate(report_day=TruncDate("occurred_at", tzinfo=dt.UTC))
+    lookups = [lookup for key in keys for lookup in _GROUP_LOOKUPS[key]]
+    groups: dict[tuple, dict[str, Any]] = {}
+
+    def add(raw: dict[str, Any], **counts: int) -> dict[str, Any]:
+        group = groups.setdefault(_group_key(raw, keys), _zero())
+        for field in ("input_tokens", "output_tokens", "cost", "latency_ms_total"):
+            group[field] += raw[field] or 0
+        for field, count in counts.items():
+            group[field] += count
+        return group
+
+    for raw in _grouped(
+        rollups, lookups, rows=Count("id"), requests=Sum("requests"), errors=Sum("errors"),
+        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+        cost=Sum("cost", output_field=_COST_SUM), latency_ms_total=Sum("latency_ms_total"),
+    ):
+        if raw["rows"]:
+            add(raw, requests=raw["requests"], errors=raw["errors"])
+    # The breakdowns are JSON: summed here, over the rows that have any. (setdefault: a
+    # rollup rewritten between the two queries must not fail the report.)
+    for raw in rollups.filter(errors__gt=0).values(*lookups, "errors_by_reason"):
+        reasons = groups.setdefault(_group_key(raw, keys), _zero())["errors_by_reason"]
+        for reason, count in raw["errors_by_reason"].items():
+            reasons[reason] = reasons.get(reason, 0) + count
+
+    for raw in _grouped(
+        events, [*lookups, "outcome"], requests=Count("id"),
+        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+        cost=Sum("cost", output_field=_COST_SUM), latency_ms_total=Sum("latency_ms"),
+    ):
+        failed = raw["outcome"] != Outcome.SUCCESS
+        group = add(raw, requests=raw["requests"], errors=raw["requests"] if failed else 0)
+        if failed:
+            reasons = group["errors_by_reason"]
+            reasons[raw["outcome"]] = reasons.get(raw["outcome"], 0) + raw["requests"]
+    return groups
+
+
+def _metrics(sums: dict[str, Any]) -> dict[str, Any]:
+    requests = int(sums["requests"])
+    latency_total = int(sums["latency_ms_total"])
     return {
         "requests": requests,
-        "errors": int(raw.get("errors") or 0),
-        "input_tokens": int(raw.get("input_tokens") or 0),
-        "output_tokens": int(raw.get("output_tokens") or 0),
-        "cost": quantize_cost(raw.get("cost")),
+        "errors": int(sums["errors"]),
+        "errors_by_reason": sorted_reasons(sums["errors_by_reason"]),
+        "input_tokens": int(sums["input_tokens"]),
+        "output_tokens": int(sums["output_tokens"]),
+        "cost": quantize_cost(sums["cost"]),
         "latency_ms_avg": round(latency_total / requests, 1) if requests else 0.0,
     }
 
@@ -111,41 +204,35 @@ def usage_report(
 ) -> list[dict[str, Any]]:
     """One row per group: the group keys (in ``group_by`` order), then the metrics.
 
-    Rows are sorted by the group keys in that order. Without group keys the
-    report is a single row holding the totals (none when there was no usage).
+    ``errors`` counts every call that did not succeed (``client_cancelled``
+    included); ``errors_by_reason`` splits it by outcome, only the outcomes that
+    occurred, so its counts add up to ``errors``. Rows are sorted by the group keys
+    in that order. Without group keys the report is a single row holding the totals
+    (none when there was no usage).
     """
     keys = normalise_group_by(group_by)
-    events = _events(tenant_ids=tenant_ids, start=start, end=end)
     if not keys:
         totals = usage_totals(tenant_ids=tenant_ids, start=start, end=end)
         return [totals] if totals["requests"] else []
-    if "day" in keys:
-        events = events.annotate(report_day=TruncDate("occurred_at", tzinfo=dt.UTC))
-    lookups = [lookup for key in keys for lookup in _GROUP_LOOKUPS[key]]
-    grouped = events.values(*lookups).annotate(**_metric_aggregates())
-    rows = [_report_row(raw, keys) for raw in grouped]
+    rows = []
+    for key, sums in _sums(tenant_ids=tenant_ids, start=start, end=end, keys=keys).items():
+        row: dict[str, Any] = {}
+        for name, value in zip(keys, key, strict=True):
+            if name == "agent":
+                value = value[0]
+            row[name] = MISSING[name] if value is None else value
+        row.update(_metrics(sums))
+        rows.append(row)
     rows.sort(key=lambda row: tuple(row[key] for key in keys))
     return rows
-
-
-def _report_row(raw: dict[str, Any], keys: list[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {}
-    for key in keys:
-        value = raw[_GROUP_LOOKUPS[key][0]]
-        if key == "day":
-            # SQLite may hand back the ISO string, PostgreSQL a date.
-            value = value.isoformat() if isinstance(value, dt.date) else str(value)
-        row[key] = MISSING if value is None else value
-    row.update(_metrics(raw))
-    return row
 
 
 def usage_totals(
     *, tenant_ids: Iterable[int] | None, start: dt.date, end: dt.date
 ) -> dict[str, Any]:
     """The metrics of ``usage_report`` over the whole period, in one row."""
-    events = _events(tenant_ids=tenant_ids, start=start, end=end)
-    return _metrics(events.aggregate(**_metric_aggregates()))
+    groups = _sums(tenant_ids=tenant_ids, start=start, end=end, keys=[])
+    return _metrics(groups.get((), _zero()))
 
 
 def daily_cost(
@@ -174,15 +261,10 @@ def cost_allocation(
     goes to the largest share, so they add up to exactly 1 when anything was
     spent (and are all 0 when nothing was).
     """
-    grouped = (
-        _events(tenant_ids=tenant_ids, start=start, end=end)
-        .values("tenant__slug")
-        .annotate(cost=Sum("cost", output_field=_COST_SUM), requests=Count("id"))
-    )
     rows = [
-        {"tenant": raw["tenant__slug"], "requests": int(raw["requests"]),
-         "cost": quantize_cost(raw["cost"])}
-        for raw in grouped
+        {"tenant": slug, "requests": int(sums["requests"]), "cost": quantize_cost(sums["cost"])}
+        for (slug,), sums in _sums(tenant_ids=tenant_ids, start=start, end=end,
+                                   keys=["tenant"]).items()
     ]
     rows.sort(key=lambda row: (-row["cost"], row["tenant"]))
     total = sum((row["cost"] for row in rows), Decimal(0))

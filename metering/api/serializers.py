@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from metering.choices import ERROR_REASONS
 from metering.models import UsageDaily, UsageEvent
 from metering.reports import DEFAULT_GROUP_BY, PeriodError, parse_group_by, resolve_period
 from metering.selectors import GROUP_KEYS, MISSING
@@ -27,8 +28,8 @@ class UsageDailySerializer(serializers.ModelSerializer):
     class Meta:
         model = UsageDaily
         fields = [
-            "id", "day", "tenant", "agent", "capability", "requests", "errors", "input_tokens",
-            "output_tokens", "cost", "latency_ms_total",
+            "id", "day", "tenant", "agent", "capability", "requests", "errors",
+            "errors_by_reason", "input_tokens", "output_tokens", "cost", "latency_ms_total",
         ]
         read_only_fields = fields
 
@@ -83,7 +84,14 @@ class UsageReportQuerySerializer(UsagePeriodQuerySerializer):
 class UsageReportTotalsSerializer(serializers.Serializer):
     requests = serializers.IntegerField(read_only=True)
     errors = serializers.IntegerField(
-        read_only=True, help_text="Calls whose outcome was not success."
+        read_only=True,
+        help_text="Calls whose outcome was not success (client_cancelled included).",
+    )
+    errors_by_reason = serializers.DictField(
+        child=serializers.IntegerField(), read_only=True,
+        help_text="The errors per outcome, only outcomes that occurred (adds up to errors), "
+        f"e.g. {{\"upstream_error\": 3, \"rate_limited\": 2}}. Outcomes: "
+        f"{', '.join(ERROR_REASONS)}.",
     )
     input_tokens = serializers.IntegerField(read_only=True)
     output_tokens = serializers.IntegerField(read_only=True)
@@ -97,9 +105,15 @@ class UsageReportRowSerializer(UsageReportTotalsSerializer):
     # Not read_only: drf-spectacular marks read-only fields required, and these
     # are absent from rows not grouped by them. The serializer only renders.
     tenant = serializers.CharField(required=False, help_text="Tenant slug.")
-    agent = serializers.CharField(required=False, help_text=f'Agent name, or "{MISSING}".')
+    agent = serializers.CharField(
+        required=False,
+        help_text=f'Agent name, or "{MISSING["agent"]}" (refused before routing, or the '
+        "agent was deleted since).",
+    )
     capability = serializers.CharField(
-        required=False, help_text=f'Capability id, or "{MISSING}".'
+        required=False,
+        help_text=f'Capability id, or "{MISSING["capability"]}" (refused before routing, or '
+        "the capability was deleted since).",
     )
     day = serializers.DateField(required=False, help_text="UTC day.")
 

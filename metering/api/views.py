@@ -21,7 +21,7 @@ from metering.api.serializers import (
     UsageReportSerializer,
 )
 from metering.models import UsageDaily, UsageEvent
-from metering.reports import narrow_to_tenant, report_csv
+from metering.reports import REASON_COLUMNS, narrow_to_tenant, report_csv
 from reach_platform.api import TenantScopedReadOnlyViewSet
 from tenants.models import Tenant
 from tenants.principal import principal_for_request
@@ -73,7 +73,10 @@ def _report(request: Request) -> dict[str, Any]:
 class UsageReportView(APIView):
     """Usage and cost of your tenants over a period, grouped as asked, with totals.
 
-    Aggregated from the raw usage events, so it is current up to the last call.
+    Without start and end, the current month to date (UTC). Every row and the totals
+    carry errors_by_reason: the calls that did not succeed, per outcome. Settled days
+    come from the daily rollups, today, yesterday and days with events not rolled up
+    yet from the raw events, so the report is current up to the last stored call.
     """
 
     @extend_schema(
@@ -105,7 +108,8 @@ class UsageReportCSVView(APIView):
         responses={(200, "text/csv"): OpenApiResponse(
             response=OpenApiTypes.STR,
             description="Columns: the group_by keys, then requests, errors, input_tokens, "
-            "output_tokens, cost, latency_ms_avg.",
+            "output_tokens, cost, latency_ms_avg, then errors_<outcome> for every outcome "
+            f"but success, whether it occurred or not ({', '.join(REASON_COLUMNS)}).",
         )},
     )
     def get(self, request: Request) -> HttpResponse:

@@ -17,7 +17,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from metering import selectors
-from metering.models import BudgetAlert, UsageEvent
+from metering.models import BudgetAlert, PendingRollup, UsageDaily, UsageEvent
+from metering.reports import REASON_COLUMNS
+from metering.rollups import pending_mark, rollup_day
 from tests import factories
 from tests.conftest import key_client
 
@@ -41,6 +43,30 @@ def event(tenant, agent, capability, when: dt.datetime, *, cost: str = "0", toke
     )
 
 
+# Every day events are made on, the period's neighbours included.
+DAYS = [dt.date(2025, 2, 28) + dt.timedelta(days=n) for n in range(5)]
+
+
+def settle(how: str) -> None:
+    """Put the days where the reports read them: their rollup rows ("rollups"), their
+    events (every day pending: "events"), or both ("mixed": rolled up, then March 2
+    pending, its rollup rows falsified to prove the report reads its events instead)."""
+    if how in ("rollups", "mixed"):
+        for day in DAYS:
+            rollup_day(day)
+    if how == "events":
+        pending_mark(at(1) + dt.timedelta(days=n) for n in range(-1, 4))
+    if how == "mixed":
+        UsageDaily.objects.filter(day=dt.date(2025, 3, 2)).update(
+            requests=999, errors=999, cost=D(999), errors_by_reason={"overloaded": 999})
+        pending_mark([at(2)])
+
+
+@pytest.fixture(params=["rollups", "events", "mixed"])
+def stored_as(request) -> str:
+    return request.param
+
+
 @dataclass
 class Usage:
     world: object
@@ -48,7 +74,7 @@ class Usage:
 
 
 @pytest.fixture
-def usage(world) -> Usage:
+def usage(world, stored_as) -> Usage:
     a, b = world.tenant_a, world.tenant_b
     translate = factories.capability(agent=world.agent_a, capability_id="translate.text")
     detect = factories.capability(agent=world.agent_a, capability_id="translate.detect")
@@ -76,11 +102,13 @@ def usage(world) -> Usage:
               latency=700)
     event(b, world.agent_b, summarise, at(2), cost="20.000000", tokens=(5000, 5000),
           latency=900, outcome="rate_limited")
+    settle(stored_as)
     return Usage(world=world, writer=writer)
 
 
 A_TOTALS = {
-    "requests": 7, "errors": 2, "input_tokens": 123, "output_tokens": 429,
+    "requests": 7, "errors": 2, "errors_by_reason": {"upstream_timeout": 1, "upstream_error": 1},
+    "input_tokens": 123, "output_tokens": 429,
     "cost": D("1.683336"), "latency_ms_avg": round(4450 / 7, 1),
 }
 
@@ -99,7 +127,7 @@ def test_report_sums_per_agent_capability_and_day(usage):
                 r["input_tokens"], r["output_tokens"], r["cost"], r["latency_ms_avg"])
                for r in rows]
     assert summary == [
-        ("(deleted)", "(deleted)", "2025-03-02", 1, 0, 1, 1, D("0.050000"), 10.0),
+        ("(no agent)", "(no capability)", "2025-03-02", 1, 0, 1, 1, D("0.050000"), 10.0),
         ("alpha-translator", "translate.detect", "2025-03-01", 1, 1, 0, 0, D("0"), 50.0),
         ("alpha-translator", "translate.text", "2025-03-01", 2, 0, 15, 25, D("0.3"), 150.0),
         ("alpha-translator", "translate.text", "2025-03-02", 1, 0, 7, 3, D("0.333333"), 90.0),
@@ -137,7 +165,7 @@ def test_group_by_tenant_and_day(usage):
     ]
     # A capability id is one group across agents and days.
     by_capability = {r["capability"]: r["requests"] for r in report(None, ["capability"])}
-    assert by_capability == {"(deleted)": 1, "summarise.text": 4, "translate.detect": 1,
+    assert by_capability == {"(no capability)": 1, "summarise.text": 4, "translate.detect": 1,
                              "translate.text": 3, "write.draft": 2}
 
 
@@ -163,10 +191,11 @@ def test_allocation_costs_and_shares_add_up_exactly(usage):
 
 
 @pytest.mark.django_db
-def test_allocation_remainder_goes_to_the_largest_share(world):
+def test_allocation_remainder_goes_to_the_largest_share(world, stored_as):
     third = factories.tenant(slug="gamma")
     for tenant, cost in ((world.tenant_a, "1"), (world.tenant_b, "1"), (third, "1.000001")):
         event(tenant, None, None, at(2), cost=cost)
+    settle(stored_as)
     rows = selectors.cost_allocation(start=START, end=END, tenant_ids=None)
     # 1/3 each rounds to 0.333333 three times: the missing millionth goes to gamma.
     assert [(r["tenant"], r["share"]) for r in rows] == [
@@ -177,8 +206,9 @@ def test_allocation_remainder_goes_to_the_largest_share(world):
 
 
 @pytest.mark.django_db
-def test_allocation_without_cost_has_zero_shares(world):
+def test_allocation_without_cost_has_zero_shares(world, stored_as):
     event(world.tenant_a, None, None, at(2))
+    settle(stored_as)
     rows = selectors.cost_allocation(start=START, end=END, tenant_ids=None)
     assert [(r["tenant"], r["cost"], r["share"]) for r in rows] == [("alpha", 0, 0)]
     assert selectors.cost_allocation(start=START, end=END, tenant_ids=[]) == []
@@ -215,8 +245,8 @@ def test_rest_report_matches_the_selector(usage, alpha_client):
     first = body["rows"][2]
     assert first == {
         "agent": "alpha-translator", "capability": "translate.text", "day": "2025-03-01",
-        "requests": 2, "errors": 0, "input_tokens": 15, "output_tokens": 25,
-        "cost": "0.300000", "latency_ms_avg": 150.0,
+        "requests": 2, "errors": 0, "errors_by_reason": {}, "input_tokens": 15,
+        "output_tokens": 25, "cost": "0.300000", "latency_ms_avg": 150.0,
     }
     assert body["totals"] == {**A_TOTALS, "cost": "1.683336"}
 
@@ -283,8 +313,13 @@ def test_csv_has_the_json_rows_and_numbers(usage, api, group_by):
     header = text.splitlines()[0].split(",")
     keys = group_by.split(",")
     assert header == [*keys, "requests", "errors", "input_tokens", "output_tokens", "cost",
-                      "latency_ms_avg"]
-    expected = [{column: str(row[column]) for column in header} for row in body["rows"]]
+                      "latency_ms_avg", *REASON_COLUMNS]
+    expected = [
+        {column: str(row[column] if column in row
+                     else row["errors_by_reason"].get(column.removeprefix("errors_"), 0))
+         for column in header}
+        for row in body["rows"]
+    ]
     assert parse_csv(text) == expected
     assert sum(D(row["cost"]) for row in parse_csv(text)) == D(body["totals"]["cost"])
 
@@ -382,7 +417,7 @@ def test_admin_report_for_tenant_staff_shows_only_their_tenant(usage, client):
     assert exported.status_code == 200
     rows = parse_csv(exported.content.decode())
     assert len(rows) == len(report_ctx["rows"]) == 5
-    assert {row["agent"] for row in rows} == {"(deleted)", "alpha-translator", "alpha-writer"}
+    assert {row["agent"] for row in rows} == {"(no agent)", "alpha-translator", "alpha-writer"}
     assert sum(D(row["cost"]) for row in rows) == A_TOTALS["cost"]
 
 
@@ -478,3 +513,240 @@ def test_the_usage_root_lists_the_callers_events(world):
     body = key_client(factories.api_key(tenant=world.tenant_a).plaintext).get(
         "/api/v1/usage/").json()
     assert [e["request_id"] for e in body["results"]] == ["root-a"]
+
+
+# ---- errors by reason ------------------------------------------------------------------
+
+
+@pytest.fixture
+def failures(world, stored_as):
+    """Successes and failures of many kinds; calls refused before routing carry no agent
+    and no capability, a rate limit decided on the agent carries the agent only."""
+    a, b = world.tenant_a, world.tenant_b
+    translate = factories.capability(agent=world.agent_a, capability_id="translate.text")
+    writer = factories.agent(owner=a, name="alpha-writer")
+    draft = factories.capability(agent=writer, capability_id="write.draft")
+    summarise = factories.capability(agent=world.agent_b, capability_id="summarise.text")
+    for hour in (1, 2):
+        event(a, world.agent_a, translate, at(1, hour), cost="0.100000", tokens=(10, 20),
+              latency=100)
+    for minute in range(3):
+        event(a, world.agent_a, translate, at(1, 5, minute), tokens=(5, 0), latency=30,
+              outcome="upstream_error")
+    event(a, world.agent_a, translate, at(2, 1), cost="0.000001", tokens=(5, 0),
+          latency=2000, outcome="upstream_timeout")
+    for minute in range(2):
+        event(a, world.agent_a, translate, at(2, 2, minute), outcome="rate_limited")
+    event(a, world.agent_a, None, at(3, 1), outcome="rate_limited")
+    event(a, world.agent_a, translate, at(3, 2), cost="0.050000", tokens=(3, 1), latency=40,
+          outcome="client_cancelled")
+    for minute in range(2):
+        event(a, None, None, at(1, 6, minute), outcome="no_capability")
+    event(a, None, None, at(2, 6), outcome="invalid_input")
+    event(a, writer, draft, at(3, 3), cost="1.000000", tokens=(100, 400), latency=900)
+    # Tenant B: failures A must never see.
+    for minute in range(5):
+        event(b, None, None, at(1, 7, minute), outcome="internal_error")
+    for minute in range(4):
+        event(b, world.agent_b, summarise, at(2, 7, minute), cost="3.000000",
+              tokens=(50, 50), outcome="upstream_error")
+    event(b, world.agent_b, summarise, at(2, 8), cost="2.000000", tokens=(9, 9))
+    settle(stored_as)
+    return world
+
+
+A_REASONS = {"client_cancelled": 1, "invalid_input": 1, "no_capability": 2,
+             "rate_limited": 3, "upstream_timeout": 1, "upstream_error": 3}
+A_FAILURE_TOTALS = {
+    "requests": 14, "errors": 11, "errors_by_reason": A_REASONS, "input_tokens": 143,
+    "output_tokens": 441, "cost": D("1.250001"),
+    "latency_ms_avg": round((200 + 90 + 2000 + 40 + 900) / 14, 1),
+}
+
+
+@pytest.mark.django_db
+def test_errors_by_reason_per_agent_and_capability(failures):
+    a = [failures.tenant_a.pk]
+    rows = report(a, ["agent", "capability"])
+    assert [(r["agent"], r["capability"], r["requests"], r["errors"], r["errors_by_reason"])
+            for r in rows] == [
+        ("(no agent)", "(no capability)", 3, 3, {"invalid_input": 1, "no_capability": 2}),
+        ("alpha-translator", "(no capability)", 1, 1, {"rate_limited": 1}),
+        ("alpha-translator", "translate.text", 9, 7, {
+            "client_cancelled": 1, "rate_limited": 2, "upstream_timeout": 1,
+            "upstream_error": 3}),
+        ("alpha-writer", "write.draft", 1, 0, {}),
+    ]
+    # The reasons come in the catalogue's order; success is never one of them.
+    assert list(rows[2]["errors_by_reason"]) == [
+        "client_cancelled", "rate_limited", "upstream_timeout", "upstream_error"]
+    for row in rows:
+        assert sum(row["errors_by_reason"].values()) == row["errors"]
+        assert "success" not in row["errors_by_reason"]
+    totals = selectors.usage_totals(tenant_ids=a, start=START, end=END)
+    assert totals == A_FAILURE_TOTALS
+    assert list(totals["errors_by_reason"]) == [
+        "client_cancelled", "invalid_input", "no_capability", "rate_limited",
+        "upstream_timeout", "upstream_error"]
+
+
+@pytest.mark.django_db
+def test_errors_by_reason_per_tenant_and_day(failures):
+    rows = report(None, ["tenant", "day"])
+    assert [(r["tenant"], r["day"], r["requests"], r["errors_by_reason"]) for r in rows] == [
+        ("alpha", "2025-03-01", 7, {"no_capability": 2, "upstream_error": 3}),
+        ("alpha", "2025-03-02", 4, {"invalid_input": 1, "rate_limited": 2,
+                                    "upstream_timeout": 1}),
+        ("alpha", "2025-03-03", 3, {"client_cancelled": 1, "rate_limited": 1}),
+        ("beta", "2025-03-01", 5, {"internal_error": 5}),
+        ("beta", "2025-03-02", 5, {"upstream_error": 4}),
+    ]
+    # Every grouping splits the same totals.
+    totals = selectors.usage_totals(tenant_ids=None, start=START, end=END)
+    for group_by in (["tenant"], ["agent"], ["capability"], ["day"], ["agent", "day"]):
+        merged: dict[str, int] = {}
+        for row in report(None, group_by):
+            for reason, count in row["errors_by_reason"].items():
+                merged[reason] = merged.get(reason, 0) + count
+        assert merged == totals["errors_by_reason"], group_by
+    assert totals["errors"] == 20 and totals["cost"] == D("15.250001")
+
+
+@pytest.mark.django_db
+def test_rest_report_has_errors_by_reason_and_stays_in_the_callers_tenant(failures,
+                                                                          alpha_client):
+    body = rest_report(alpha_client, group_by="tenant,agent")
+    assert [(r["tenant"], r["agent"], r["errors"], r["errors_by_reason"])
+            for r in body["rows"]] == [
+        ("alpha", "(no agent)", 3, {"invalid_input": 1, "no_capability": 2}),
+        ("alpha", "alpha-translator", 8, {"client_cancelled": 1, "rate_limited": 3,
+                                          "upstream_timeout": 1, "upstream_error": 3}),
+        ("alpha", "alpha-writer", 0, {}),
+    ]
+    assert body["totals"] == {**A_FAILURE_TOTALS, "cost": "1.250001"}
+    assert "internal_error" not in str(body) and "beta" not in str(body)
+    for slug in ("beta", "no-such-tenant"):
+        assert alpha_client.get("/api/v1/usage/report/",
+                                {**PERIOD, "tenant": slug}).status_code == 404
+
+
+@pytest.mark.django_db
+def test_superuser_sees_every_tenants_reasons_and_can_narrow(failures, api):
+    api.force_login(failures.superuser)
+    body = rest_report(api, group_by="tenant")
+    assert [(r["tenant"], r["errors_by_reason"]) for r in body["rows"]] == [
+        ("alpha", A_REASONS), ("beta", {"internal_error": 5, "upstream_error": 4})]
+    beta = rest_report(api, group_by="agent", tenant="beta")
+    assert [(r["agent"], r["requests"], r["errors_by_reason"], r["cost"])
+            for r in beta["rows"]] == [
+        ("(no agent)", 5, {"internal_error": 5}, "0.000000"),
+        ("beta-summariser", 5, {"upstream_error": 4}, "14.000000"),
+    ]
+
+
+@pytest.mark.django_db
+def test_csv_has_a_column_per_reason_whatever_occurred(failures, alpha_client):
+    response = alpha_client.get("/api/v1/usage/report.csv",
+                                {**PERIOD, "group_by": "agent,capability"})
+    assert response.status_code == 200
+    text = response.content.decode()
+    header = text.splitlines()[0].split(",")
+    assert header[:8] == ["agent", "capability", "requests", "errors", "input_tokens",
+                          "output_tokens", "cost", "latency_ms_avg"]
+    assert header[8:] == list(REASON_COLUMNS)
+    assert "errors_success" not in header and "errors_client_cancelled" in header
+    rows = parse_csv(text)
+    translator = next(r for r in rows if r["capability"] == "translate.text")
+    assert {k: v for k, v in translator.items() if k.startswith("errors_") and v != "0"} == {
+        "errors_client_cancelled": "1", "errors_rate_limited": "2",
+        "errors_upstream_timeout": "1", "errors_upstream_error": "3"}
+    unrouted = next(r for r in rows if r["agent"] == "(no agent)")
+    assert (unrouted["errors"], unrouted["errors_no_capability"],
+            unrouted["errors_invalid_input"], unrouted["errors_internal_error"]) == (
+        "3", "2", "1", "0")
+    for row in rows:
+        assert sum(int(row[column]) for column in REASON_COLUMNS) == int(row["errors"])
+    assert sum(D(row["cost"]) for row in rows) == A_FAILURE_TOTALS["cost"]
+    assert sum(int(row["input_tokens"]) for row in rows) == 143
+    # A period without errors has the same header.
+    quiet = alpha_client.get("/api/v1/usage/report.csv",
+                             {"start": "2024-01-01", "end": "2024-01-31"}).content.decode()
+    assert quiet.splitlines() == [",".join(
+        ["agent", "capability", "day", *header[2:]])]
+
+
+@pytest.mark.django_db
+def test_admin_report_shows_errors_by_reason(failures, client):
+    client.force_login(failures.owner)
+    response, html = page(client, **PERIOD)
+    report_ctx = response.context["report"]
+    assert report_ctx["totals"] == A_FAILURE_TOTALS
+    assert [(r["reason"], r["label"], r["count"]) for r in report_ctx["reasons"]] == [
+        ("rate_limited", "Rate limited", 3), ("upstream_error", "Upstream error", 3),
+        ("no_capability", "No capability", 2), ("client_cancelled", "Client cancelled", 1),
+        ("invalid_input", "Invalid input", 1), ("upstream_timeout", "Upstream timeout", 1),
+    ]
+    table = html[html.index('id="reach-usage-reasons"'):]
+    table = table[:table.index("</table>")]
+    assert "Client cancelled" in table and "<code>no_capability</code>" in table
+    assert "21.4 %" in table  # rate_limited: 3 of 14 calls
+    rows = html[html.index('id="reach-usage-rows"'):]
+    rows = rows[:rows.index("</table>")]
+    assert "<th>Errors by reason</th>" in rows
+    assert "(no agent)" in rows and "(no capability)" in rows
+    assert "<code>upstream_error</code>&nbsp;3" in rows
+    assert "<code>no_capability</code>&nbsp;2" in rows
+    for leak in ("internal_error", "beta", "summarise"):
+        assert leak not in html, leak
+    csv_url = unescape(re.search(r'href="([^"]*report\.csv[^"]*)"', html).group(1))
+    exported = parse_csv(client.get(csv_url).content.decode())
+    assert sum(int(row["errors_rate_limited"]) for row in exported) == 3
+    assert sum(int(row["errors"]) for row in exported) == 11
+
+
+@pytest.mark.django_db
+def test_admin_report_without_errors_says_so(world, client):
+    event(world.tenant_a, world.agent_a, None, timezone.now(), cost="0.25")
+    client.force_login(world.member)
+    response, html = page(client)
+    assert response.context["report"]["reasons"] == []
+    assert "No errors in this period." in html
+
+
+@pytest.mark.django_db
+def test_a_late_event_is_reported_at_once_and_after_its_rollup(failures, alpha_client):
+    from metering.ingest import usage_events_store
+    from metering.rollups import rollup_recent
+
+    before = rest_report(alpha_client, group_by="day")["rows"]
+    # Stored through the consumer long after its day: that day is read from events
+    # until the next rollup run has rebuilt it.
+    usage_events_store([{
+        "request_id": "late-overload", "tenant": failures.tenant_a.pk, "agent": None,
+        "capability": None, "instance": None, "outcome": "overloaded", "input_tokens": 0,
+        "output_tokens": 0, "cost": 0, "latency_ms": 1, "occurred_at": at(1).timestamp(),
+    }])
+    now = rest_report(alpha_client, group_by="day")["rows"]
+    assert now[0]["errors_by_reason"] == {**before[0]["errors_by_reason"], "overloaded": 1}
+    assert now[0]["requests"] == before[0]["requests"] + 1 and now[1:] == before[1:]
+
+    rollup_recent(timezone.now())
+    assert not PendingRollup.objects.exists()
+    assert rest_report(alpha_client, group_by="day")["rows"] == now
+    assert UsageDaily.objects.get(day=START, tenant=failures.tenant_a, agent=None
+                                  ).errors_by_reason == {"no_capability": 2, "overloaded": 1}
+
+
+@pytest.mark.django_db
+def test_the_readmes_report_request_works_on_any_day(world):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    request = re.search(r"GET (/api/v1/usage/report/[^`\s]*)", readme).group(1)
+    assert "20" not in request, "no fixed dates: the default period is the current month"
+    event(world.tenant_a, world.agent_a, None, timezone.now(), outcome="upstream_error")
+    body = alpha_key(world).get(request).json()
+    today = timezone.now().astimezone(dt.UTC).date()
+    assert (body["start"], body["end"]) == (today.replace(day=1).isoformat(),
+                                            today.isoformat())
+    assert body["totals"]["errors_by_reason"] == {"upstream_error": 1}

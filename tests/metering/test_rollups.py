@@ -9,14 +9,16 @@ from decimal import Decimal
 import pytest
 
 from metering.budgets import budgets_check, month_usage
-from metering.models import BudgetAlert, UsageDaily, UsageEvent, UsageHourly
-from metering.rollups import rollup_day, rollup_hour, rollup_recent
+from metering.ingest import usage_events_store
+from metering.models import BudgetAlert, PendingRollup, UsageDaily, UsageEvent, UsageHourly
+from metering.rollups import pending_days, rollup_day, rollup_hour, rollup_range, rollup_recent
 from tenants.models import Quota
 from tests import factories
 
 _ids = itertools.count(1)
 HOUR = datetime(2025, 3, 14, 10, tzinfo=UTC)
-SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cost", "latency_ms_total")
+SUMS = ("requests", "errors", "errors_by_reason", "input_tokens", "output_tokens", "cost",
+        "latency_ms_total")
 
 
 def usage(tenant, at: datetime, *, agent=None, capability=None, outcome: str = "success",
@@ -34,9 +36,13 @@ def expected(events) -> dict[tuple, dict]:
     out: dict[tuple, dict] = {}
     for e in events:
         row = out.setdefault((e.tenant_id, e.agent_id, e.capability_id),
-                             dict.fromkeys(SUMS, 0) | {"cost": Decimal(0)})
+                             dict.fromkeys(SUMS, 0) | {"cost": Decimal(0),
+                                                       "errors_by_reason": {}})
         row["requests"] += 1
-        row["errors"] += e.outcome != "success"
+        if e.outcome != "success":
+            row["errors"] += 1
+            reasons = row["errors_by_reason"]
+            reasons[e.outcome] = reasons.get(e.outcome, 0) + 1
         row["input_tokens"] += e.input_tokens
         row["output_tokens"] += e.output_tokens
         row["cost"] += e.cost
@@ -160,6 +166,108 @@ def test_the_celery_tasks_are_registered_and_call_the_services(scene):
         app.tasks)
     assert tasks.rollup() == {"hours": 0, "days": 0}  # nothing happened "now"
     assert tasks.check_budgets() == 0
+
+
+def test_errors_are_counted_per_reason_and_success_never(db):
+    tenant = factories.tenant()
+    agent = factories.agent(owner=tenant)
+    outcomes = ["success", "success", "upstream_error", "upstream_error", "rate_limited",
+                "client_cancelled", "internal_error"]
+    for minute, outcome in enumerate(outcomes):
+        usage(tenant, HOUR + timedelta(minutes=minute), agent=agent, outcome=outcome)
+    usage(tenant, HOUR, outcome="no_capability")  # refused before routing: no agent
+
+    rollup_hour(HOUR)
+    rollup_day(HOUR.date())
+
+    for model in (UsageHourly, UsageDaily):
+        routed = model.objects.get(agent=agent)
+        assert (routed.requests, routed.errors) == (7, 5)
+        # client_cancelled a reason of its own, no "success". (jsonb keeps no key order:
+        # the reports put the reasons in the catalogue's order.)
+        assert routed.errors_by_reason == {"client_cancelled": 1, "rate_limited": 1,
+                                           "upstream_error": 2, "internal_error": 1}
+        unrouted = model.objects.get(agent=None, capability=None)
+        assert (unrouted.requests, unrouted.errors, unrouted.errors_by_reason) == (
+            1, 1, {"no_capability": 1})
+    only_successes = usage(factories.tenant(), HOUR)
+    rollup_hour(HOUR)
+    assert UsageHourly.objects.get(tenant_id=only_successes.tenant_id).errors_by_reason == {}
+
+
+def wire(tenant, at: datetime, request_id: str, outcome: str = "success") -> dict:
+    """An event as the gateway ships it to the consumer."""
+    return {"request_id": request_id, "tenant": tenant.pk, "agent": None, "capability": None,
+            "instance": None, "outcome": outcome, "input_tokens": 1, "output_tokens": 2,
+            "cost": "0.5", "latency_ms": 3, "occurred_at": at.timestamp()}
+
+
+def test_the_consumer_marks_periods_pending_and_a_run_rebuilds_them(db):
+    tenant = factories.tenant()
+    usage(tenant, HOUR)
+    rollup_hour(HOUR)
+    rollup_day(HOUR.date())
+    assert not PendingRollup.objects.exists()
+
+    # Three days later, long after that day's last scheduled rollup, a backlog drains.
+    late = HOUR + timedelta(minutes=30)
+    assert usage_events_store([wire(tenant, late, "late-1", "upstream_timeout"),
+                               wire(tenant, late, "late-2")]) == 2
+    assert set(PendingRollup.objects.values_list("kind", "start")) == {
+        ("hour", HOUR), ("day", datetime(2025, 3, 14, tzinfo=UTC))}
+    assert pending_days(date(2025, 3, 1), date(2025, 3, 31)) == {date(2025, 3, 14)}
+    usage_events_store([wire(tenant, late, "late-1")])  # redelivered: nothing new to mark
+    assert PendingRollup.objects.count() == 2
+
+    counted = rollup_recent(HOUR + timedelta(days=3))
+
+    assert counted == {"hours": 1, "days": 1}  # the pending ones; now's periods are empty
+    assert not PendingRollup.objects.exists()
+    for model in (UsageHourly, UsageDaily):
+        row = model.objects.get(tenant=tenant)
+        assert (row.requests, row.errors, row.errors_by_reason, row.cost) == (
+            3, 1, {"upstream_timeout": 1}, Decimal("1.125"))
+
+
+def test_a_run_rebuilds_at_most_its_share_of_pending_periods_oldest_first(db):
+    tenant = factories.tenant()
+    for day in (1, 2, 3):
+        usage_events_store([wire(tenant, datetime(2025, 3, day, 12, tzinfo=UTC), f"d{day}")])
+    later = datetime(2025, 6, 1, tzinfo=UTC)
+
+    assert rollup_recent(later, pending_limit=2) == {"hours": 2, "days": 2}
+    assert set(UsageDaily.objects.values_list("day", flat=True)) == {
+        date(2025, 3, 1), date(2025, 3, 2)}
+    assert pending_days(date(2025, 3, 1), date(2025, 3, 31)) == {date(2025, 3, 3)}
+    rollup_recent(later, pending_limit=2)
+    assert not PendingRollup.objects.exists()
+
+
+def test_rollup_range_rebuilds_every_hour_and_day_of_a_period(scene):
+    assert rollup_range(date(2025, 3, 14), date(2025, 3, 15)) == {"hours": 6, "days": 4}
+    assert actual(UsageDaily.objects.filter(day=date(2025, 3, 14))) == expected(
+        scene["first_hour"] + scene["second_hour"])
+    assert rollup_range(date(2025, 3, 14), date(2025, 3, 15)) == {"hours": 6, "days": 4}
+
+
+def test_the_migration_marks_every_period_with_events_pending(scene):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module(
+        "metering.migrations.0007_rollups_count_errors_by_reason")
+    migration.mark_every_period_with_events(apps, None)
+
+    assert set(PendingRollup.objects.values_list("kind", "start")) == {
+        ("hour", HOUR), ("hour", HOUR + timedelta(hours=1)),
+        ("hour", datetime(2025, 3, 15, tzinfo=UTC)),
+        ("day", datetime(2025, 3, 14, tzinfo=UTC)), ("day", datetime(2025, 3, 15, tzinfo=UTC)),
+    }
+    rollup_recent(datetime(2025, 6, 1, tzinfo=UTC))
+    assert not PendingRollup.objects.exists()
+    assert actual(UsageDaily.objects.filter(day=date(2025, 3, 14))) == expected(
+        scene["first_hour"] + scene["second_hour"])
 
 
 # ---- budgets ---------------------------------------------------------------------------
