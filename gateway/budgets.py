@@ -37,8 +37,22 @@ NO_LIMIT = -1
 FIELDS = ("requests", "tokens", "cost")
 
 
+_current_month: tuple[float, str] = (0.0, "")  # (valid until, "YYYY-MM")
+
+
 def month_key(now: float | None = None) -> str:
-    return time.strftime("%Y-%m", time.gmtime(now if now is not None else time.time()))
+    """``"YYYY-MM"`` (UTC) of ``now``, or of the current time: then cached for a minute,
+    since every call asks and the answer changes twelve times a year."""
+    global _current_month
+    if now is not None:
+        return time.strftime("%Y-%m", time.gmtime(now))
+    current = time.time()
+    until, key = _current_month
+    if current >= until:
+        key = time.strftime("%Y-%m", time.gmtime(current))
+        # Valid to the next minute at most: the month turns at a minute boundary.
+        _current_month = (current - current % 60 + 60, key)
+    return key
 
 
 @dataclass(frozen=True)

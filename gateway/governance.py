@@ -102,6 +102,7 @@ class Admission:
     tenant_pk: int
     candidate: Candidate
     reservation: Reservation | None  # None when no budget applies (or Redis was away)
+    scopes: tuple[str, ...]  # the usage counters the call adds to
 
 
 class Governor:
@@ -137,11 +138,12 @@ class Governor:
         rules = self._rules.get(key)
         if rules is None or rules[2] is not candidate.capability:
             rules = (budget_limits(table, tenant_pk, candidate),
-                     limits_for(table, tenant_pk, candidate), candidate.capability)
+                     limits_for(table, tenant_pk, candidate), candidate.capability,
+                     usage_scopes(tenant_pk, candidate))
             if len(self._rules) > 100_000:
                 self._rules.clear()
             self._rules[key] = rules
-        return rules[0], rules[1]
+        return rules[0], rules[1], rules[3]
 
     def _degraded(self) -> None:
         if self._on_degraded is not None:
@@ -152,7 +154,7 @@ class Governor:
         """Raise ``rate_limited`` or ``quota_exceeded``, or return the admission the call
         must settle (``settle``) however it ends. ``ceiling()`` is the most the call may
         use, computed only when a budget applies."""
-        budgets, limits = self._applicable(table, tenant_pk, candidate)
+        budgets, limits, scopes = self._applicable(table, tenant_pk, candidate)
         if limits:
             verdict = await self.limiter.check(limits)
             if verdict.degraded:
@@ -165,21 +167,21 @@ class Governor:
                     f"after {verdict.retry_after_s:g} s.".replace("  ", " "),
                     retry_after=max(1, math.ceil(verdict.retry_after_s)))
         if not budgets:
-            return Admission(tenant_pk, candidate, None)
+            return Admission(tenant_pk, candidate, None, scopes)
         try:
             held = await self.ledger.reserve(budgets, ceiling(), lease_s)
         except Exception:  # ledger unreachable: budgets are not worth an outage
             logger.warning("budget ledger unreachable: admitting without a reservation")
             self._degraded()
-            return Admission(tenant_pk, candidate, None)
+            return Admission(tenant_pk, candidate, None, scopes)
         if isinstance(held, Refusal):
             raise ReachError("quota_exceeded", f"The tenant's monthly {held.metric} budget "
                              f"({_shown(held)}) would be exceeded by this call.")
-        return Admission(tenant_pk, candidate, held)
+        return Admission(tenant_pk, candidate, held, scopes)
 
     async def settle(self, admission: Admission, actual: Amount) -> None:
         """Drop the call's reservation and count what it used. Never raises."""
-        scopes = usage_scopes(admission.tenant_pk, admission.candidate)
+        scopes = admission.scopes
         reservation = admission.reservation
         if reservation is not None:
             try:
