@@ -19,6 +19,11 @@ def assert_error(response, status: int, code: str) -> dict:
     error = response.json()["error"]
     assert error["code"] == code
     assert error["message"]
+    # The same catalogue as the gateway's: the code decides status and retryable.
+    from reach_core.errors import CATALOGUE
+
+    assert error["retryable"] is CATALOGUE[code].retryable
+    assert CATALOGUE[code].status == status
     assert error["request_id"] == response["X-Request-ID"]
     return error
 
@@ -137,3 +142,17 @@ def test_request_id_is_echoed_or_generated(alpha):
     assert alpha.get("/api/v1/agents/", HTTP_X_REQUEST_ID="abc-1")["X-Request-ID"] == "abc-1"
     generated = alpha.get("/api/v1/agents/", HTTP_X_REQUEST_ID="bad id\nwith newline")
     assert len(generated["X-Request-ID"]) == 32
+
+
+def test_a_reach_error_raised_in_a_view_keeps_its_catalogue_status_and_retry_after():
+    from rest_framework.test import APIRequestFactory
+
+    from reach_core.errors import ReachError
+    from reach_platform.errors import api_exception_handler
+
+    request = APIRequestFactory().get("/api/v1/anything")
+    response = api_exception_handler(
+        ReachError("rate_limited", "slow down", retry_after=7), {"request": request})
+    assert response.status_code == 429 and response["Retry-After"] == "7"
+    assert response.data["error"]["code"] == "rate_limited"
+    assert response.data["error"]["retryable"] is True
