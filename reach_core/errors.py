@@ -42,6 +42,7 @@ CATALOGUE: dict[str, ErrorKind] = {k.code: k for k in (
     ErrorKind("payload_too_large", 413, False),
     ErrorKind("unsupported_media_type", 415, False),
     ErrorKind("headers_too_large", 431, False),
+    ErrorKind("too_many_requests", 429, True),
     # routing
     ErrorKind("no_capability", 404, False),
     ErrorKind("no_healthy_instance", 503, True),
@@ -58,9 +59,10 @@ CATALOGUE: dict[str, ErrorKind] = {k.code: k for k in (
     ErrorKind("upstream_error", 502, True),
     ErrorKind("upstream_bad_response", 502, False),
     ErrorKind("upstream_refused", 502, False),
+    ErrorKind("upstream_busy", 503, True),
     # the platform
     ErrorKind("overloaded", 503, True),
-    ErrorKind("unavailable", 503, True),
+    ErrorKind("service_unavailable", 503, True),
     ErrorKind("internal_error", 500, True),
 )}
 
