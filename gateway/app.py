@@ -97,6 +97,8 @@ class GatewayApp:
         self._jobs = tuple(jobs)
         self._closers = tuple(closers)
         self._tasks: list[asyncio.Task] | None = None
+        self.in_flight = 0
+        self.auth_failures = AuthFailures(config.max_auth_failures_per_minute)
         # The router skips instances whose breaker is open: this gateway's breakers feed it.
         router.set_open_breakers(breakers.open_instances)
 
@@ -182,11 +184,37 @@ class GatewayApp:
 
     async def _request(self, request_id: str, scope, receive, send) -> Request:
         """The authenticated request; its body is read later, by the pipeline (a
-        stranger's body is never read)."""
+        stranger's body is never read). An address that keeps failing authentication
+        is refused for the rest of the minute, whatever it sends."""
+        address = (scope.get("client") or ("?",))[0]
+        self.auth_failures.check(address)
         table = self._table()
-        key = authenticate(table, header(scope, b"authorization"))
+        try:
+            key = authenticate(table, header(scope, b"authorization"))
+        except ReachError as error:
+            if error.code == "unauthorized":
+                self.auth_failures.record(address)
+            raise
         return Request(scope=scope, receive=receive, send=send, request_id=request_id,
                        table=table, key=key)
+
+    async def _call(self, request_id, scope, receive, send, door) -> str:
+        """A call through the pipeline, unless this process is already at its limit of
+        calls in flight: then 503 overloaded at once."""
+        if self.in_flight >= self.config.max_in_flight:
+            raise ReachError("overloaded", "This gateway is at its limit of "
+                             f"{self.config.max_in_flight} calls in flight; retry shortly.")
+        self.in_flight += 1
+        try:
+            request = await self._request(request_id, scope, receive, send)
+            content_type = (request.header(b"content-type") or "").split(";")[0].strip()
+            if content_type.lower() != "application/json":
+                raise ReachError("unsupported_media_type",
+                                 "Send the request body as Content-Type: application/json.")
+            internal = self._internal(scope)
+            return await self.pipeline.run(request, lambda r: door(r, internal=internal))
+        finally:
+            self.in_flight -= 1
 
     def _internal(self, scope) -> bool:
         return self.config.is_internal((scope.get("client") or (None,))[0])
@@ -194,15 +222,10 @@ class GatewayApp:
     # ---- routes -----------------------------------------------------------------------------
 
     async def _invoke(self, request_id, scope, receive, send) -> str:
-        request = await self._request(request_id, scope, receive, send)
-        internal = self._internal(scope)
-        return await self.pipeline.run(request, lambda r: doors.invoke(r, internal=internal))
+        return await self._call(request_id, scope, receive, send, doors.invoke)
 
     async def _chat_completions(self, request_id, scope, receive, send) -> str:
-        request = await self._request(request_id, scope, receive, send)
-        internal = self._internal(scope)
-        return await self.pipeline.run(
-            request, lambda r: doors.chat_completions(r, internal=internal))
+        return await self._call(request_id, scope, receive, send, doors.chat_completions)
 
     async def _route(self, request_id, scope, receive, send) -> str:
         request = await self._request(request_id, scope, receive, send)
@@ -218,6 +241,39 @@ class GatewayApp:
         await send_bytes(send, 200, generate_latest(REGISTRY), request_id,
                          content_type=CONTENT_TYPE_LATEST.encode())
         return Outcome.SUCCESS
+
+
+class AuthFailures:
+    """Failed authentications per client address in the current minute (this process).
+
+    Bounded: at most ``MAX_ADDRESSES`` addresses are tracked; past that the window
+    restarts, which can only forgive, never refuse a stranger."""
+
+    MAX_ADDRESSES = 100_000
+
+    def __init__(self, per_minute: int, clock=time.monotonic) -> None:
+        self._per_minute = per_minute
+        self._clock = clock
+        self._window = -1
+        self._counts: dict[str, int] = {}
+
+    def _roll(self) -> float:
+        now = self._clock()
+        window = int(now // 60)
+        if window != self._window or len(self._counts) > self.MAX_ADDRESSES:
+            self._window, self._counts = window, {}
+        return now
+
+    def check(self, address: str) -> None:
+        now = self._roll()
+        if self._counts.get(address, 0) >= self._per_minute:
+            raise ReachError("too_many_requests", "Too many failed authentications from "
+                             "this address; wait for the next minute.",
+                             retry_after=max(1, int(60 - now % 60)))
+
+    def record(self, address: str) -> None:
+        self._roll()
+        self._counts[address] = self._counts.get(address, 0) + 1
 
 
 _CHILDREN: dict[tuple[str, str], tuple] = {}

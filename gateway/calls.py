@@ -137,8 +137,17 @@ class Caller:
         self.pools = UpstreamPools(config.policy, connect_timeout_s=config.connect_timeout_s)
         self.validators = Validators()
 
-    def downstream_budget_ms(self, ctx: CallContext) -> int:
+    def attempt_budget_ms(self, ctx: CallContext) -> float:
+        """What this attempt may spend. A keyed call's first attempt gets
+        ``first_attempt_share`` of what is left, so that after a time-out the one retry
+        on another instance still fits in the budget; any other attempt gets it all
+        (an unkeyed call that timed out after delivery is never retried)."""
         remaining = ctx.remaining_ms()
+        if ctx.idempotent and len(ctx.attempts) == 1:
+            return remaining * self.config.first_attempt_share
+        return remaining
+
+    def downstream_budget_ms(self, ctx: CallContext, remaining: float) -> int:
         margin = min(self.config.deadline_margin_ms, remaining * self.config.deadline_margin_share)
         return max(1, int(remaining - margin))
 
@@ -150,7 +159,7 @@ class Caller:
         if not self.breakers.allow(instance.pk):
             raise UpstreamFailure("circuit_open", "the instance's circuit breaker is open",
                                   delivered=False)
-        remaining = ctx.remaining_ms()
+        remaining = self.attempt_budget_ms(ctx)
         if remaining <= 0:
             raise ctx.timed_out()
         upstream = PROTOCOLS[agent.protocol].request(agent, candidate.capability, payload,
@@ -159,7 +168,7 @@ class Caller:
             "content-type": "application/json",
             "accept": "text/event-stream" if stream else "application/json",
             "x-request-id": ctx.request_id,
-            "x-reach-deadline-ms": str(self.downstream_budget_ms(ctx)),
+            "x-reach-deadline-ms": str(self.downstream_budget_ms(ctx, remaining)),
             "x-reach-tenant": ctx.tenant_slug,
             "x-reach-capability": candidate.capability.capability_id,
         }

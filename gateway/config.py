@@ -33,6 +33,15 @@ class GatewayConfig:
     # How long a budget reservation or an idempotency claim outlives its call's deadline
     # when the call never settles it (its gateway died): then it lapses on its own.
     lease_margin_s: float = 5.0
+    # Load shedding: calls this process runs at once; one more is answered 503
+    # overloaded at once, rather than queued into everyone's time-outs.
+    max_in_flight: int = 512
+    # Failed authentications per client address per minute before that address gets
+    # 429 too_many_requests for the rest of the minute (guessing keys costs time).
+    max_auth_failures_per_minute: int = 30
+    # Keyed calls may be retried after a time-out: their first attempt gets this share
+    # of the budget, so the one retry still fits inside it.
+    first_attempt_share: float = 0.6
     # Source networks internal_only agents accept.
     internal_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
         default_factory=lambda: (ipaddress.ip_network("127.0.0.0/8"),

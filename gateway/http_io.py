@@ -7,6 +7,8 @@ body over the limit is refused as it arrives and a disconnect is noticed.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import orjson
 
@@ -44,13 +46,45 @@ async def read_body(scope, receive, limit: int) -> bytes:
 
 
 def parse_json(raw: bytes) -> dict:
+    """A JSON object; 400 for anything else, for nesting past orjson's limit (1024), and
+    for duplicate keys (``{"capability": "a", "capability": "b"}`` is ambiguous: other
+    parsers on the path may read the first one)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ReachError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ReachError("invalid_input", "Request body must be a JSON object.")
+    # Every key in the text is a string followed by a colon: with no more such spots
+    # than parsed keys, no key can have been repeated. Only when there are more (a
+    # duplicate, or a colon after a quote inside a string value) is the slow check run.
+    if len(_KEY_END.findall(raw)) > _count_keys(body):
+        _refuse_duplicates(raw)
     return body
+
+
+_KEY_END = re.compile(rb'"\s*:')
+
+
+def _count_keys(value) -> int:
+    if isinstance(value, dict):
+        return len(value) + sum(_count_keys(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_count_keys(v) for v in value)
+    return 0
+
+
+def _refuse_duplicates(raw: bytes) -> None:
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        seen: dict = {}
+        for key, value in items:
+            if key in seen:
+                raise ReachError("invalid_input",
+                                 f"Request body repeats the key {key[:100]!r}.")
+            seen[key] = value
+        return seen
+
+    json.loads(raw, object_pairs_hook=pairs)
 
 
 async def send_bytes(send, status: int, payload: bytes, request_id: str,

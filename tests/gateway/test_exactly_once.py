@@ -310,7 +310,8 @@ def test_a_mixed_workload_meters_every_call_once_with_its_outcome(scripted):
             replies.append(await gw.post("/v1/invoke", invoke("strict.echo", text="")))
             replies.append(await gw.post("/v1/invoke", invoke("nobody.here")))
             replies.append(await gw.client.post(
-                "/v1/invoke", content=b"{", headers={"Authorization": f"Bearer {key}"}))
+                "/v1/invoke", content=b"{", headers={"Authorization": f"Bearer {key}",
+                                         "Content-Type": "application/json"}))
             replies.append(await gw.post("/v1/invoke", {
                 "capability": "a2a.scripted", "stream": True, "input": {"text": "a b c"}}))
             return replies, gw.usage.drain()

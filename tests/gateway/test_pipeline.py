@@ -120,7 +120,8 @@ def test_errors_are_structured_with_retryable_on_every_door(scripted):
                 "bad_key": await gw.client.post("/v1/chat/completions", json={},
                                                 headers={"Authorization": "Bearer rk_x"}),
                 "not_json": await gw.client.post(
-                    "/v1/invoke", content=b"{nope", headers={"Authorization": f"Bearer {key}"}),
+                    "/v1/invoke", content=b"{nope", headers={"Authorization": f"Bearer {key}",
+                                         "Content-Type": "application/json"}),
                 "invalid": await gw.post("/v1/invoke", {"capability": "strict.echo",
                                                         "input": {"text": ""}}),
                 "unknown": await gw.post("/v1/chat/completions", chat_body("x", model="nobody")),

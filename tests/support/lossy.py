@@ -75,3 +75,38 @@ class LossyProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class HungServer:
+    """Accepts connections, reads what is sent, and never answers (an agent that hangs)."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.accepted = 0
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._open.append(client)  # held open, never answered
+
+    def close(self) -> None:
+        self._server.close()
+        for client in self._open:
+            client.close()
+
+    def __enter__(self) -> HungServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

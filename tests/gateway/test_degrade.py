@@ -1,0 +1,137 @@
+"""Degrade, don't fail (the gateway's part), in process: load shedding, bounded auth
+guessing, strict request bodies, Retry-After on every 429 and 503, and deadlines that
+leave room for the retry."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.support.inprocess import in_process, route_table, scripted_agents, with_instances
+from tests.support.lossy import HungServer
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def invoke(capability: str, **input_) -> dict:
+    return {"capability": capability, "input": input_}
+
+
+def test_past_the_in_flight_cap_calls_are_shed_at_once_with_retry_after(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key, max_in_flight=2) as gw:
+            slow = [asyncio.ensure_future(gw.post("/v1/invoke", invoke("slow.op"),
+                                                  X_Reach_Deadline_Ms="800"))
+                    for _ in range(2)]
+            while gw.app.in_flight < 2:  # both slow calls are inside the gateway
+                await asyncio.sleep(0.005)
+            shed = [await gw.post("/v1/invoke", invoke("echo.all")) for _ in range(4)]
+            in_flight_while_shedding = gw.app.in_flight
+            finished = await asyncio.gather(*slow)
+            after = await gw.post("/v1/invoke", invoke("echo.all"))
+            return shed, in_flight_while_shedding, finished, after
+
+    shed, in_flight, finished, after = run(scenario())
+    assert in_flight == 2  # the shed calls were answered while both still ran
+    assert {r.status_code for r in shed} == {503}
+    assert shed[0].json()["error"]["code"] == "overloaded"
+    assert shed[0].headers["retry-after"] == "1"
+    assert {r.status_code for r in finished} == {504}
+    assert after.status_code == 200
+
+
+def test_every_429_and_503_carries_retry_after(scripted):
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0])  # no instance: no_healthy_instance
+    table, key = route_table(agents)
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            return [await gw.post("/v1/invoke", invoke("echo.all")) for _ in range(2)]
+
+    for reply in run(scenario()):
+        assert reply.status_code == 503
+        assert reply.json()["error"]["code"] == "no_healthy_instance"
+        assert reply.headers["retry-after"] == "1"
+
+
+def test_guessing_keys_gets_an_address_throttled_for_the_minute(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key, max_auth_failures_per_minute=5) as gw:
+            guesses = [await gw.client.post("/v1/invoke", json=invoke("echo.all"),
+                                            headers={"Authorization": f"Bearer rk_guess{i}"})
+                       for i in range(5)]
+            # From the same address even the right key waits for the next minute.
+            refused = await gw.post("/v1/invoke", invoke("echo.all"))
+            gw.app.auth_failures._window -= 1  # the next minute
+            allowed = await gw.post("/v1/invoke", invoke("echo.all"))
+            return guesses, refused, allowed
+
+    guesses, refused, allowed = run(scenario())
+    assert {r.status_code for r in guesses} == {401}
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_requests"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert allowed.status_code == 200
+
+
+def test_bodies_must_be_json_objects_without_repeated_keys(scripted):
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    auth = {"Authorization": f"Bearer {key}"}
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            plain = await gw.client.post("/v1/invoke", content=b'{"capability": "echo.all"}',
+                                         headers={**auth, "Content-Type": "text/plain"})
+            repeated = await gw.client.post(
+                "/v1/invoke", content=b'{"capability": "bad.op", "capability": "echo.all",'
+                                      b' "input": {}}',
+                headers={**auth, "Content-Type": "application/json"})
+            nested_repeat = await gw.client.post(
+                "/v1/invoke", content=b'{"capability": "echo.all", "input": {"a": 1, "a" : 2}}',
+                headers={**auth, "Content-Type": "application/json; charset=utf-8"})
+            # A colon after a quote inside a value is not a repeated key.
+            tricky = await gw.post("/v1/invoke", invoke("echo.all", text='say "a": now'))
+            deep = await gw.client.post(
+                "/v1/invoke", content=b'{"capability": "echo.all", "input": {"x": '
+                + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+                headers={**auth, "Content-Type": "application/json"})
+            return plain, repeated, nested_repeat, tricky, deep
+
+    plain, repeated, nested_repeat, tricky, deep = run(scenario())
+    assert plain.status_code == 415
+    assert plain.json()["error"]["code"] == "unsupported_media_type"
+    for reply in (repeated, nested_repeat):
+        assert reply.status_code == 400 and "repeats the key" in reply.json()["error"]["message"]
+    assert tricky.status_code == 200
+    assert deep.status_code == 400 and deep.json()["error"]["code"] == "malformed_json"
+
+
+def test_a_keyed_call_to_a_hung_instance_is_retried_inside_the_callers_deadline(scripted):
+    with HungServer() as hung:
+        agents = scripted_agents(scripted.endpoint)
+        agents[0] = with_instances(agents[0], hung.endpoint, scripted.endpoint)
+        table, key = route_table(agents)
+
+        async def scenario():
+            async with in_process(table, key) as gw:
+                replies = []
+                for i in range(4):  # the round robin sends two of them to the hung one
+                    replies.append(await gw.post("/v1/invoke", invoke("echo.all", n=i),
+                                                 X_Reach_Deadline_Ms="1500",
+                                                 Idempotency_Key=f"hung-{i}"))
+                unkeyed = [await gw.post("/v1/invoke", invoke("echo.all", n=i),
+                                         X_Reach_Deadline_Ms="600") for i in range(2)]
+                return replies, unkeyed
+
+        replies, unkeyed = run(scenario())
+        reached_hung = hung.accepted
+    assert reached_hung >= 2
+    assert [r.status_code for r in replies] == [200] * 4
+    # Without a key a call the hung agent received is not sent again: the deadline ends it.
+    assert sorted(r.status_code for r in unkeyed) == [200, 504]
