@@ -3,6 +3,8 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from reach_core.errors import ReachError
+from reach_platform import auth_throttle
 from registry.services import agent_token_authenticate
 from tenants.principal import principal_for_agent_token, principal_for_api_key
 from tenants.services import api_key_authenticate
@@ -17,6 +19,8 @@ class BearerAuthentication(authentication.BaseAuthentication):
 
     A request without the header falls through to session authentication (the
     Swagger UI used by a logged-in staff user); a wrong token is always refused.
+    Failures are counted per client address (``reach_platform.auth_throttle``): past the
+    limit, every request with credentials from there is a 429 until the window ends.
     """
 
     keyword = "bearer"
@@ -25,6 +29,25 @@ class BearerAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
+        address = request.META.get("REMOTE_ADDR", "")
+        wait = auth_throttle.retry_after(address)
+        if wait is not None:
+            # Imported here: reach_platform.errors imports rest_framework.views, which
+            # imports this module through the DRF settings.
+            from reach_platform.errors import ReachAPIException
+
+            raise ReachAPIException(ReachError(
+                "too_many_requests",
+                "Too many failed authentications from this address; retry later.",
+                retry_after=wait,
+            ))
+        try:
+            return self._authenticate(header)
+        except exceptions.AuthenticationFailed:
+            auth_throttle.record_failure(address)
+            raise
+
+    def _authenticate(self, header: str):
         scheme, _, token = header.partition(" ")
         token = token.strip()
         if scheme.lower() != self.keyword or not token:

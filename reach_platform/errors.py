@@ -14,9 +14,12 @@ Django's own 404 and 500 and a body that is not valid JSON.
 from __future__ import annotations
 
 import logging
+import sys
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.db import utils as db_utils
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_default_handler
@@ -120,6 +123,63 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
     return response
 
 
+# --- the database is away -------------------------------------------------------------
+
+_DB_UNAVAILABLE_MESSAGE = "The database is unavailable; retry shortly."
+_DB_UNAVAILABLE_HTML = (
+    "<!doctype html><html><head><title>Service unavailable</title></head><body>"
+    "<h1>Service unavailable</h1><p>The database is unavailable; this page will work "
+    "again shortly. Please retry in a moment.</p><p>Request ID: {rid}</p></body></html>"
+)
+
+
+def _database_unavailable_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [db_utils.OperationalError, db_utils.InterfaceError]
+    try:  # unwrapped driver errors, e.g. raised while Django was not wrapping them
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        types += [PoolTimeout, psycopg.OperationalError, psycopg.InterfaceError]
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        pass
+    return tuple(types)
+
+
+_DB_UNAVAILABLE_TYPES = _database_unavailable_types()
+
+
+def is_database_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the database cannot be reached:
+    connection refused or lost, the pool's wait timed out (``PoolTimeout``), and the other
+    operational errors a retry can cure."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, _DB_UNAVAILABLE_TYPES):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def database_unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """503 ``service_unavailable`` with ``Retry-After``: an HTML page for the admin, the
+    structured JSON error everywhere else. The one translation of a database outage."""
+    # The text of a connection error can carry the DSN: log the class only.
+    logger.warning("database unavailable for %s %s (%s)", request.method, request.path,
+                   type(exc).__name__)
+    rid = getattr(request, "request_id", None) or requestid.current.get()
+    if _wants_html(request):
+        from django.utils.html import escape
+
+        response = HttpResponse(_DB_UNAVAILABLE_HTML.format(rid=escape(rid)), status=503,
+                                content_type="text/html; charset=utf-8")
+    else:
+        response = _json_error(request, code="service_unavailable",
+                               message=_DB_UNAVAILABLE_MESSAGE, http_status=503)
+    response["Retry-After"] = str(settings.DB_UNAVAILABLE_RETRY_AFTER)
+    return response
+
+
 def _json_error(request: HttpRequest, *, code: str, message: str, http_status: int):
     rid = getattr(request, "request_id", None) or requestid.current.get()
     return JsonResponse(
@@ -135,6 +195,11 @@ def _error_view(html_view: str, *, code: str, message: str, http_status: int):
     """A handler400/403/404/500: Django's HTML page for the admin, our JSON elsewhere."""
 
     def view(request: HttpRequest, exception=None):
+        if html_view == "server_error":
+            # Raised outside a view (a middleware): the database check still applies.
+            exc = sys.exc_info()[1]
+            if is_database_unavailable(exc):
+                return database_unavailable_response(request, exc)
         if _wants_html(request):
             from django.views import defaults
 

@@ -47,3 +47,29 @@ class RequestIdLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = requestid.current.get()
         return True
+
+
+class DatabaseUnavailableMiddleware:
+    """A view (API, heartbeat, admin) that fails because the database cannot be reached
+    answers 503 ``service_unavailable`` with ``Retry-After`` instead of a 500 with a
+    traceback. ``reach_platform.errors.database_unavailable_response`` builds the reply;
+    errors raised outside views reach it through ``handler500``."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        # A coroutine in async mode, a response in sync mode: either way the caller's.
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        from reach_platform.errors import database_unavailable_response, is_database_unavailable
+
+        if is_database_unavailable(exception):
+            return database_unavailable_response(request, exception)
+        return None

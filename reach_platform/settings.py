@@ -60,6 +60,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "reach_platform.middleware.RequestIdMiddleware",
+    # Database away -> 503 service_unavailable with Retry-After (API and admin alike).
+    "reach_platform.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -107,14 +109,19 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # Django's switch for the pool's check
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
-            "connect_timeout": 3,
+            "connect_timeout": env.int("REACH_DB_CONNECT_TIMEOUT", default=3),
             "pool": {
                 "min_size": 1,
                 "max_size": env.int("REACH_DB_POOL_SIZE", default=8),
-                "timeout": 3,
+                # How long a request waits for a pooled connection: with PostgreSQL away
+                # it gets its 503 service_unavailable after this long, not a hang.
+                "timeout": env.float("REACH_DB_POOL_TIMEOUT", default=1.0),
             },
         }
     )
+
+# Retry-After (seconds) on the 503 answered while the database is unreachable.
+DB_UNAVAILABLE_RETRY_AFTER = env.int("REACH_DB_UNAVAILABLE_RETRY_AFTER", default=2)
 
 REDIS_URL = env.str("REDIS_URL", default="") or None
 
@@ -164,10 +171,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.TenantPermission"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Bounded nesting, no duplicate keys, no NUL or lone surrogates (see the module).
+    "DEFAULT_PARSER_CLASSES": ["reach_platform.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # ?limit= 1..1000, ?offset= >= 0, anything else a 400 (reach_platform.pagination).
+    "DEFAULT_PAGINATION_CLASS": "reach_platform.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "reach_platform.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -208,6 +217,12 @@ LOGGING = {
     # able to write a traceback into our log per request.
     "loggers": {"django.security.DisallowedHost": {"handlers": [], "propagate": False}},
 }
+
+# Failed API authentications per client address and window before that address gets
+# 429 too_many_requests for the rest of the window (reach_platform.auth_throttle);
+# 0 turns the throttle off.
+AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
+AUTH_FAILURE_WINDOW_S = env.int("REACH_AUTH_FAILURE_WINDOW_S", default=60)
 
 # Upstream allow-list: CIDRs and host names ("*.svc.cluster.local") agents may
 # register as endpoints and the gateway may connect to. Link-local and cloud

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import unicodedata
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
@@ -10,6 +11,7 @@ from django.core.validators import (
     URLValidator,
 )
 from django.db import models
+from django.db.models.functions import Lower
 
 from reach_platform.scoping import TenantScopedQuerySet
 from registry.choices import (
@@ -29,6 +31,11 @@ name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$",
     "Letters, digits, '.', '_' and '-', starting with a letter or digit.",
 )
+
+
+def normalise_agent_name(name: str) -> str:
+    """Agent names are compared after Unicode NFC normalisation, case-insensitively."""
+    return unicodedata.normalize("NFC", name) if isinstance(name, str) else name
 
 
 class Namespace(models.Model):
@@ -114,13 +121,34 @@ class Agent(models.Model):
     class Meta:
         ordering = ["namespace__name", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["namespace", "name"], name="agent_unique_name")
+            models.UniqueConstraint(fields=["namespace", "name"], name="agent_unique_name"),
+            # "ACCA-XA" and "acca-xa" are one name: callers and the OpenAI ``model``
+            # field do not agree on case, so two agents may not differ only by it.
+            models.UniqueConstraint(
+                Lower("name"), "namespace", name="agent_unique_name_ci",
+                violation_error_message="An agent with this name in any letter case already "
+                "exists in this namespace.",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.namespace_id and self.namespace.name}/{self.name}"
 
+    def save(self, *args, **kwargs) -> None:
+        self.name = normalise_agent_name(self.name)
+        super().save(*args, **kwargs)
+
     def clean(self) -> None:
+        self.name = normalise_agent_name(self.name)
+        if self.namespace_id is not None and self.name:
+            clash = (Agent.objects.filter(namespace_id=self.namespace_id,
+                                          name__iexact=self.name)
+                     .exclude(pk=self.pk).values_list("name", flat=True).first())
+            if clash is not None:
+                raise ValidationError({"name": (
+                    f"The agent {clash!r} already exists in this namespace; names are unique "
+                    "regardless of letter case."
+                )})
         if self.lease_ttl_seconds < 3 * self.heartbeat_interval_seconds:
             raise ValidationError(
                 {"lease_ttl_seconds": "Must be at least 3 x the heartbeat interval."}

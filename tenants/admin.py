@@ -185,3 +185,13 @@ class QuotaAdmin(TenantScopedAdmin):
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["tenant__slug", "agent__name", "capability__capability_id"]
     autocomplete_fields = ["agent", "capability"]
+
+    # Quotas are set by operators: tenant admins see their tenants' quotas, read only.
+    def has_add_permission(self, request) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser

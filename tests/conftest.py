@@ -39,6 +39,16 @@ def world(db, django_user_model) -> World:
     )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_auth_throttle():
+    """Failed-authentication counts (per address, shared through Redis) start at zero in
+    every test: the suite's requests all come from one address."""
+    from reach_platform import auth_throttle
+
+    auth_throttle.reset()
+    yield
+
+
 @pytest.fixture
 def api() -> APIClient:
     return APIClient()

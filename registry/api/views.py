@@ -5,13 +5,13 @@ from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.models import AuditAction, AuditSource
 from audit.services import audit_record
 from reach_platform.api import TenantScopedViewSet
+from reach_platform.parsers import StrictJSONParser
 from registry.api.parsers import TextYAMLParser, XYAMLParser, YAMLTextParser
 from registry.api.serializers import (
     AgentSerializer,
@@ -187,7 +187,7 @@ class AgentRegisterView(APIView):
     update the agent or add an instance.
     """
 
-    parser_classes = [JSONParser, YAMLTextParser, TextYAMLParser, XYAMLParser]
+    parser_classes = [StrictJSONParser, YAMLTextParser, TextYAMLParser, XYAMLParser]
     permission_classes = []
 
     @extend_schema(

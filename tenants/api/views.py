@@ -92,5 +92,9 @@ class CredentialViewSet(TenantScopedViewSet):
 
 
 class QuotaViewSet(TenantScopedViewSet):
+    """Quotas of your tenants. They are set by operators: a tenant's ``manage`` key or
+    tenant admin reads them; only superusers create, change or delete them (else 403)."""
+
+    global_writes_only = True
     queryset = Quota.objects.select_related("tenant", "agent", "capability")
     serializer_class = QuotaSerializer

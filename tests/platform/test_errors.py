@@ -36,7 +36,7 @@ def alpha(world):
 @pytest.mark.django_db
 def test_malformed_json(alpha):
     response = alpha.post(
-        "/api/v1/quotas/", data=b'{"requests_per_minute": 10,', content_type="application/json"
+        "/api/v1/grants/", data=b'{"requests_per_minute": 10,', content_type="application/json"
     )
     error = assert_error(response, 400, "malformed_json")
     assert "not valid JSON" in error["message"]
@@ -67,9 +67,9 @@ def test_invalid_json_schema_is_refused_by_the_model_rules(alpha, world):
 
 
 @pytest.mark.django_db
-def test_unknown_tenant(alpha):
+def test_unknown_tenant(alpha, world):
     response = alpha.post(
-        "/api/v1/quotas/", {"tenant": "no-such-tenant", "requests_per_minute": 5}, format="json"
+        "/api/v1/grants/", {"tenant": "no-such-tenant", "agent": world.agent_a.pk}, format="json"
     )
     error = assert_error(response, 400, "invalid_input")
     assert "tenant" in error["details"]
@@ -114,13 +114,13 @@ def test_unknown_path_is_json(alpha):
 @pytest.mark.django_db
 def test_huge_body(alpha):
     body = b'{"x": "' + b"a" * (3 * 1024 * 1024) + b'"}'
-    response = alpha.post("/api/v1/quotas/", data=body, content_type="application/json")
+    response = alpha.post("/api/v1/grants/", data=body, content_type="application/json")
     assert_error(response, 413, "payload_too_large")
 
 
 @pytest.mark.django_db
 def test_wrong_content_type(alpha):
-    response = alpha.post("/api/v1/quotas/", data="a=b", content_type="text/plain")
+    response = alpha.post("/api/v1/grants/", data="a=b", content_type="text/plain")
     assert_error(response, 415, "unsupported_media_type")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -127,3 +128,33 @@ def test_calls_are_metered_into_the_database_in_embedded_mode(first_run):
     # The in-process scheduler drains the gateway's usage queue every second.
     event = wait_for(metered, timeout=15, interval=0.2, message="the call to be metered").json()
     assert event["outcome"] == "success" and event["tenant"] == "demo"
+
+
+def test_the_run_port_is_one_of_the_platforms_own_ports(first_run):
+    """An agent pointing back at the port the run command serves on is refused."""
+    base, output, _ = first_run
+    key = _printed(output, r"API key for tenant 'demo': (rk_\S+)")
+    port = int(base.rsplit(":", 1)[1])
+    body = json.loads((Path(__file__).resolve().parents[1] / "registry" / "examples"
+                       / "translator.json").read_text())
+    body["agent_id"] = "loop-back"
+    body["reach"]["endpoint"] = f"http://127.0.0.1:{port}/"
+    response = httpx.post(f"{base}/api/v1/agents/register", json=body,
+                          headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 400, response.text
+    assert "reach.endpoint" in response.json()["error"]["details"]
+
+
+def test_claim_own_port_joins_the_setting(settings, monkeypatch):
+    from reach_core.endpoints import EndpointRefused, check_registration
+    from reach_platform.management.commands.reach_run import claim_own_port
+    from registry.services import endpoint_policy
+
+    monkeypatch.setenv("REACH_OWN_PORTS", "8000")
+    settings.OWN_PORTS = [8000]
+    check_registration("http://127.0.0.1:8765/", endpoint_policy())  # allowed before
+    assert claim_own_port(8765) == [8000, 8765]
+    assert claim_own_port(8765) == [8000, 8765]  # once
+    assert os.environ["REACH_OWN_PORTS"] == "8000,8765"
+    with pytest.raises(EndpointRefused):
+        check_registration("http://127.0.0.1:8765/", endpoint_policy())

@@ -1,10 +1,24 @@
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from reach_platform.demo import demo_agents_register, demo_heartbeat, demo_setup
+
+
+def claim_own_port(port: int) -> list[int]:
+    """Add the port this process serves on to ``settings.OWN_PORTS`` (and to
+    ``REACH_OWN_PORTS`` for processes started from here), so no agent can be registered
+    at a local address on it: the gateway would call itself. Returns the new list."""
+    own = list(settings.OWN_PORTS)
+    if port not in own:
+        own.append(port)
+    settings.OWN_PORTS = own
+    os.environ["REACH_OWN_PORTS"] = ",".join(str(p) for p in own)
+    return own
 
 
 class Command(BaseCommand):
@@ -20,6 +34,8 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, no_demo: bool, **options):
         import uvicorn
 
+        # Before anything reads it: registration checks and the gateway's endpoint policy.
+        claim_own_port(port)
         call_command("migrate", interactive=False, verbosity=0)
         base = f"http://{host}:{port}"
         mode = "production" if settings.DATABASES["default"]["ENGINE"].endswith(

@@ -1,0 +1,104 @@
+"""Bad input is a 4xx with the field's path, never a 500 (reach_platform.parsers,
+reach_platform.pagination)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reach_platform.pagination import MAX_LIMIT
+from reach_platform.parsers import MAX_DEPTH
+from tests import factories
+from tests.conftest import key_client
+from tests.platform.test_errors import assert_error
+
+
+@pytest.fixture
+def alpha(world):
+    return key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+
+
+def _post(client, path: str, body: str | bytes):
+    data = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    return client.post(path, data=data, content_type="application/json")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/v1/grants/", "/api/v1/agents/register",
+                                  "/api/v1/grants/"])
+def test_a_hundred_thousand_deep_body_is_a_400(alpha, path):
+    response = _post(alpha, path, "[" * 100_000 + "]" * 100_000)
+    error = assert_error(response, 400, "malformed_json")
+    assert "nested" in error["message"]
+
+
+@pytest.mark.django_db
+def test_nesting_just_past_the_limit_is_refused_and_at_it_parsed(alpha):
+    deep = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
+    assert_error(_post(alpha, "/api/v1/grants/", deep), 400, "malformed_json")
+    ok = '{"agent_id": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
+    # Parsed fine: what fails now is the descriptor's own validation.
+    assert_error(_post(alpha, "/api/v1/agents/register", ok), 400, "invalid_input")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("escaped", ["\\u0000", "\\ud800", "\\udfff"])
+def test_nul_and_lone_surrogates_are_refused_naming_the_field(alpha, escaped):
+    body = '{"agent_id": "x", "capabilities": [{"name": "ok"}, {"name": "a' + escaped + 'b"}]}'
+    error = assert_error(_post(alpha, "/api/v1/agents/register", body), 400, "invalid_input")
+    assert set(error["details"]) == {"capabilities[1].name"}
+    assert "capabilities[1].name" in error["message"]
+
+
+@pytest.mark.django_db
+def test_a_nul_in_a_key_is_refused_too(alpha):
+    error = assert_error(_post(alpha, "/api/v1/grants/", '{"na\\u0000me": 1}'),
+                         400, "invalid_input")
+    assert "key" in " ".join(error["details"]["na\x00me"])
+
+
+@pytest.mark.django_db
+def test_raw_surrogate_bytes_are_refused(alpha):
+    # Not UTF-8 at all (CESU-style surrogate bytes): a parse error, not a 500.
+    assert_error(_post(alpha, "/api/v1/grants/", b'{"name": "\xed\xa0\x80"}'),
+                 400, "malformed_json")
+
+
+@pytest.mark.django_db
+def test_paired_surrogates_are_text(alpha, world):
+    response = _post(alpha, "/api/v1/grants/",
+                     '{"tenant": "alpha", "note": "\\ud83d\\ude00", "requests_per_minute": -1}')
+    assert response.status_code == 400
+    assert "note" not in response.json()["error"].get("details", {})
+
+
+@pytest.mark.django_db
+def test_duplicate_keys_are_refused(alpha):
+    error = assert_error(_post(alpha, "/api/v1/grants/", '{"burst": 1, "burst": 2}'),
+                         400, "malformed_json")
+    assert "burst" in error["message"]
+
+
+@pytest.mark.django_db
+def test_nan_is_not_json(alpha):
+    assert_error(_post(alpha, "/api/v1/grants/", '{"burst": NaN}'), 400, "malformed_json")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("query", [
+    "limit=null", "limit=-1", "limit=0", f"limit={MAX_LIMIT + 1}", "limit=" + "9" * 40,
+    "limit=abc", "limit=1.5", "offset=null", "offset=-3", "offset=" + "9" * 40,
+])
+def test_pagination_parameters_are_validated(alpha, query):
+    name = query.split("=")[0]
+    error = assert_error(alpha.get(f"/api/v1/agents/?{query}"), 400, "invalid_input")
+    assert set(error["details"]) == {name}
+
+
+@pytest.mark.django_db
+def test_valid_pagination_still_pages(alpha, world):
+    factories.agent(owner=world.tenant_a, name="alpha-second")
+    page = alpha.get(f"/api/v1/agents/?limit={MAX_LIMIT}&offset=0").json()
+    assert page["count"] == 2
+    page = alpha.get("/api/v1/agents/?limit=1&offset=1").json()
+    assert len(page["results"]) == 1 and page["previous"]
+    assert alpha.get("/api/v1/agents/").status_code == 200
