@@ -7,8 +7,10 @@ There are two checkpoints, and both are needed:
   host name is judged by the allow-list alone.
 * ``check_resolved`` / ``resolve_and_check`` run when the gateway connects. A name
   allowed at registration may have been re-pointed since (DNS rebinding), so the
-  addresses about to be used are checked. The caller must connect to exactly the
-  addresses returned, never resolve the name a second time.
+  addresses about to be used are checked: an allow-listed name must also resolve
+  inside the allowed CIDRs (the name says who may be called, the ranges say where
+  the platform may connect). The caller must connect to exactly the addresses
+  returned, never resolve the name a second time.
 
 Pure Python without Django, so the control plane and the async gateway share one
 implementation; configuration arrives as an ``EndpointPolicy``.
@@ -28,6 +30,7 @@ from urllib.parse import urlsplit
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+BlockingResolver = Callable[[str, int], list[str]]
 
 MAX_URL_LENGTH = 500
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -236,8 +239,8 @@ def _always_refused(ip: IPAddress) -> str | None:
 
 
 def _check_ip(ip: IPAddress, port: int, policy: EndpointPolicy, via: str | None) -> None:
-    """Rules 5, 7 and (for literals, ``via`` None) 6 for one address; ``via`` is the name
-    that resolved to it, whose allow-listing vouches for the destination instead of CIDRs."""
+    """Rules 5, 6 and 7 for one address; ``via`` is the name that resolved to it. Being
+    allow-listed does not let a name reach addresses outside the allowed CIDRs."""
     real = _unwrap(ip)
     subject = str(ip) if real == ip else f"{ip} (IPv4 {real})"
     if via is not None:
@@ -247,7 +250,11 @@ def _check_ip(ip: IPAddress, port: int, policy: EndpointPolicy, via: str | None)
         raise EndpointRefused(f"always refused: {subject} is {reason}")
     if port in policy.own_ports and (real.is_loopback or real.is_unspecified):
         raise EndpointRefused(f"the platform's own port: {subject} port {port} would loop to us")
-    if via is None and not policy.allows_ip(real):
+    if not policy.allows_ip(real):
+        if via is not None:
+            raise EndpointRefused(
+                f"not in the allow-list: {subject}, in no allowed CIDR (an allowed name must "
+                "also resolve inside the allowed address ranges)")
         raise EndpointRefused(f"not in the allow-list: {subject} is in no allowed CIDR")
 
 
@@ -286,7 +293,7 @@ def _parse_address(address: object) -> IPAddress:
 def check_resolved(host: str, port: int, addresses: Iterable[str], policy: EndpointPolicy) -> None:
     """Connect-time check: ``host`` (name or IP literal, IPv6 bracketed or not) passes the
     registration rules for ``port``, and every resolved address passes rule 5 and the
-    own-port rule; addresses of an IP literal must also be in an allowed CIDR.
+    own-port rule and must be in an allowed CIDR (a name's as well as a literal's).
     Raises ``EndpointRefused``, including when ``addresses`` is empty."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise EndpointRefused(f"port must be 1..65535, got {port!r}")
@@ -324,17 +331,50 @@ async def resolve_and_check(
     return addresses
 
 
-def resolve_and_check_blocking(url: str, policy: EndpointPolicy) -> list[str]:
-    """``resolve_and_check`` for synchronous callers (health probes, Agent Card fetches),
-    with the system resolver. Same errors."""
+def system_resolver(host: str, port: int) -> list[str]:
+    """The blocking default resolver: getaddrinfo's addresses, de-duplicated, in order."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class CheckedTarget(NamedTuple):
+    """A URL that passed every rule, with the addresses it may be connected to."""
+
+    url: str  # normalised
+    scheme: str
+    host: str  # lower-cased name or compressed address, without brackets
+    port: int
+    addresses: tuple[str, ...]  # checked; connect to these and nothing else
+
+    @property
+    def host_header(self) -> str:
+        """The ``Host`` header (and, for https, the TLS server name is ``host``)."""
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return shown if self.port == _DEFAULT_PORTS[self.scheme] else f"{shown}:{self.port}"
+
+
+def resolve_and_check_target(
+    url: str, policy: EndpointPolicy, resolver: BlockingResolver | None = None
+) -> CheckedTarget:
+    """Blocking: parse and check ``url``, resolve its host once (``resolver(host, port)``,
+    by default ``system_resolver``; an IP literal is not resolved), check every address.
+    Raises ``EndpointRefused``; resolution failures (``OSError``) propagate unchanged."""
     target = _checked_target(url, policy)
     if target.ip is not None:
         addresses = [str(target.ip)]
     else:
-        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        addresses = list((resolver or system_resolver)(target.host, target.port))
     check_resolved(target.host, target.port, addresses, policy)
-    return addresses
+    return CheckedTarget(target.url, urlsplit(target.url).scheme, target.host, target.port,
+                         tuple(addresses))
+
+
+def resolve_and_check_blocking(
+    url: str, policy: EndpointPolicy, resolver: BlockingResolver | None = None
+) -> list[str]:
+    """``resolve_and_check`` for synchronous callers (health probes, Agent Card fetches),
+    with the system resolver unless ``resolver`` is given. Same errors."""
+    return list(resolve_and_check_target(url, policy, resolver).addresses)
 
 
 def _checked_target(url: str, policy: EndpointPolicy):

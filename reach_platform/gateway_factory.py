@@ -114,8 +114,11 @@ def build_application(*, governed: bool = True):
     intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
                                 threshold=settings.INTENT_THRESHOLD)
     intents.follow(runtime.subscriber)
+    # Leases are judged as of the moment this process lost its sources, if it did: an
+    # outage of ours (the database, the bus) must not look like every agent dying.
     gateway = build_gateway(table=lambda: runtime.subscriber.table,
-                            router=Router(index=intents), governed=governed)
+                            router=Router(index=intents, clock=runtime.subscriber.lease_clock),
+                            governed=governed)
 
     async def http_application(scope, receive, send) -> None:
         # A prefix test rather than Channels' URLRouter: this runs for every gateway

@@ -52,8 +52,15 @@ class RouteRuntime:
         self.subscriber.start()
         bus = route_bus()
         if isinstance(bus, RedisBus):
-            self._subscription = bus.subscribe(self.subscriber.handle,
-                                               on_connect=self.subscriber.check)
+            subscriber = self.subscriber
+
+            def connected() -> None:
+                subscriber.reconnected("bus")
+                subscriber.check()
+
+            self._subscription = bus.subscribe(
+                subscriber.handle, on_connect=connected,
+                on_disconnect=lambda: subscriber.cut_off("bus"))
         else:
             self._subscription = bus.subscribe(self.subscriber.handle)
         self._thread.start()

@@ -1,8 +1,14 @@
 """Instance health: pure functions over the facts a heartbeat or a clock tick brings.
 
-States (``InstanceState``): healthy -> unknown (lease expired; kept with a
-lowered weight for ``UNKNOWN_GRACE``) -> offline. Draining is set by people
+States (``InstanceState``): healthy -> unknown (lease expired; probes only, no
+caller traffic, for ``UNKNOWN_GRACE``) -> offline. Draining is set by people
 and left alone here. Tiers (``HealthTier``) come from reported load.
+
+A lease means it: once it has lapsed the instance gets no caller traffic until
+a heartbeat or a probe proves it alive. The router enforces that itself from
+the lease expiry each ``InstanceEntry`` carries, so it does not wait for the
+sweep to mark the instance unknown. A heartbeat within 2 x TTL of the lapse is
+a flap: the instance keeps its place (no re-registration) with reduced weight.
 """
 
 from __future__ import annotations
@@ -60,14 +66,28 @@ class Liveness:
     last_flap_at: dt.datetime | None
 
 
-def on_heartbeat(current: Liveness, *, now: dt.datetime, ttl: dt.timedelta) -> Liveness:
-    """The instance answered. A return from unknown/offline within 2 x TTL is a flap."""
+def on_heartbeat(
+    current: Liveness,
+    *,
+    now: dt.datetime,
+    ttl: dt.timedelta,
+    lease_expires_at: dt.datetime | None = None,
+) -> Liveness:
+    """The instance answered. A return from unknown/offline within 2 x TTL is a flap.
+
+    ``lease_expires_at`` is the lease this heartbeat renews. A healthy instance whose
+    lease had already lapsed (routers stopped sending it traffic, the sweep just had
+    not run yet) is returning too: within 2 x TTL of the lapse that is a flap."""
     flaps, last_flap_at = current.flaps, current.last_flap_at
     if flaps and last_flap_at and now - last_flap_at > 2 * ttl:
         flaps, last_flap_at = 0, None  # quiet long enough: forgiven
     if current.state == InstanceState.DRAINING:
         return Liveness(current.state, current.state_changed_at, flaps, last_flap_at)
     if current.state == InstanceState.HEALTHY:
+        if lease_expires_at is not None and now >= lease_expires_at:
+            if now - lease_expires_at <= 2 * ttl:
+                flaps, last_flap_at = flaps + 1, now
+            return Liveness(InstanceState.HEALTHY, now, flaps, last_flap_at)
         return Liveness(current.state, current.state_changed_at, flaps, last_flap_at)
     if current.state_changed_at is not None and now - current.state_changed_at <= 2 * ttl:
         flaps, last_flap_at = flaps + 1, now
@@ -91,7 +111,8 @@ def on_tick(
 
 _STATE_FACTOR = {
     InstanceState.HEALTHY: 1.0,
-    InstanceState.UNKNOWN: 0.25,
+    # Lease lapsed: probes only until a heartbeat or a probe proves it alive.
+    InstanceState.UNKNOWN: 0.0,
     InstanceState.OFFLINE: 0.0,
     InstanceState.DRAINING: 0.0,
 }

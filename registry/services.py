@@ -156,7 +156,8 @@ def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime) -> Instance:
     if instance is None:
         instance = Instance(agent=agent, endpoint=endpoint, state_changed_at=now)
     elif instance.state != InstanceState.DRAINING:
-        liveness = health.on_heartbeat(_liveness(instance), now=now, ttl=ttl)
+        liveness = health.on_heartbeat(_liveness(instance), now=now, ttl=ttl,
+                                       lease_expires_at=instance.lease_expires_at)
         _set_liveness(instance, liveness)
     instance.last_heartbeat_at = now
     instance.lease_expires_at = now + ttl
@@ -224,7 +225,8 @@ def instance_heartbeat(
     ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
     before = (instance.state, instance.health_tier, list(instance.capabilities_available),
               instance.flaps)
-    _set_liveness(instance, health.on_heartbeat(_liveness(instance), now=now, ttl=ttl))
+    _set_liveness(instance, health.on_heartbeat(_liveness(instance), now=now, ttl=ttl,
+                                                lease_expires_at=instance.lease_expires_at))
     load = heartbeat.load
     instance.health_tier = health.tier_from_load(load)
     if heartbeat.capabilities_available is not None:
@@ -249,6 +251,9 @@ def instance_heartbeat(
         transaction.on_commit(lambda: routes.load_reported(LoadReport(
             agent_pk=agent.pk, instance_pk=instance.pk, cpu=load.cpu, memory=load.memory,
             queue_depth=load.queue_depth, in_flight=load.in_flight,
+            # The renewed lease travels with the load: routers drop an instance whose
+            # lease has passed without waiting for the sweep.
+            lease_expires_at=instance.lease_expires_at.timestamp(),
         )))
     return instance
 

@@ -76,6 +76,7 @@ def instance_entry(i: Instance) -> InstanceEntry:
         weight_factor=weight_factor(state=i.state, health_tier=i.health_tier, flaps=i.flaps),
         cpu=i.cpu, memory=i.memory, queue_depth=i.queue_depth, in_flight=i.in_flight,
         capabilities_available=frozenset(i.capabilities_available),
+        lease_expires_at=i.lease_expires_at.timestamp() if i.lease_expires_at else None,
     )
 
 

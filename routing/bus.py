@@ -78,15 +78,18 @@ class RedisBus:
         except self._redis.RedisError as exc:
             logger.warning("route-table publish failed (%s); subscribers will reload", exc)
 
-    def subscribe(self, callback: Callback, *, on_connect: Callable[[], None] | None = None):
+    def subscribe(self, callback: Callback, *, on_connect: Callable[[], None] | None = None,
+                  on_disconnect: Callable[[], None] | None = None):
         """Listen until closed, reconnecting after Redis outages.
 
         ``on_connect`` runs after every (re)subscription: messages published
         while disconnected are lost, so the subscriber must reconcile then.
+        ``on_disconnect`` runs when the connection is lost.
         """
         stop = threading.Event()
         thread = threading.Thread(
-            target=self._listen, args=(callback, on_connect, stop), name="route-bus", daemon=True
+            target=self._listen, args=(callback, on_connect, on_disconnect, stop),
+            name="route-bus", daemon=True
         )
         thread.start()
 
@@ -96,7 +99,8 @@ class RedisBus:
 
         return Subscription(close)
 
-    def _listen(self, callback: Callback, on_connect, stop: threading.Event) -> None:
+    def _listen(self, callback: Callback, on_connect, on_disconnect,
+                stop: threading.Event) -> None:
         backoff = 0.1
         while not stop.is_set():
             client = self._redis.Redis.from_url(
@@ -123,6 +127,8 @@ class RedisBus:
                         logger.exception("route-table subscriber failed on a message")
             except self._redis.RedisError as exc:
                 logger.warning("route-table bus disconnected (%s); retrying", exc)
+                if on_disconnect is not None:
+                    on_disconnect()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:

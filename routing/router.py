@@ -9,6 +9,7 @@ A/B shares, then balance with smooth weighted round robin.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -17,6 +18,9 @@ from routing.matcher import CapabilityText, IntentIndex, Match, Score
 from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable
 
 QUEUE_NORM = 50  # queue depth counted as full pressure
+# Allowance for clock skew between the control plane (which sets leases) and this
+# process: an instance stops getting callers at most this long after its lease ran out.
+LEASE_SLACK_SECONDS = 1.0
 WEIGHT_SCALE = 1000  # SWRR needs integers; scores become thousandths
 
 
@@ -185,6 +189,16 @@ def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
     )
 
 
+_INVISIBLE = frozenset({"not_granted", "namespace"})
+
+
+def visible_to(table: RouteTable, tenant_pk: int, agent: AgentEntry,
+               capability: CapabilityEntry) -> bool:
+    """Whether a tenant may know the agent exists: it owns it, holds a grant, or it is public."""
+    return (agent.owner_tenant_pk == tenant_pk or agent.visibility == "public"
+            or _granted(table, tenant_pk, agent, capability))
+
+
 def capability_filter(
     table: RouteTable, request: RouteRequest, agent: AgentEntry, capability: CapabilityEntry
 ) -> tuple[str, str] | None:
@@ -240,6 +254,8 @@ def language_reason(capability: CapabilityEntry, src: str | None, dest: str | No
 def instance_filter(
     instance: InstanceEntry, capability: CapabilityEntry, open_breakers: frozenset[int]
 ) -> tuple[str, str] | None:
+    if instance.state == "unknown":
+        return "instance_unknown", "lease lapsed: probe traffic only until it answers"
     if instance.state in ("offline", "draining"):
         return f"instance_{instance.state}", ""
     if not instance.serves(capability.capability_id):
@@ -252,6 +268,15 @@ def instance_filter(
 
 
 # ---- scoring -----------------------------------------------------------------------------
+
+
+def lease_reason(instance: InstanceEntry, now: float) -> tuple[str, str] | None:
+    """Why a lapsed lease keeps callers away (probes still go), or None while it holds."""
+    expires = instance.lease_expires_at
+    if expires is None or now < expires + LEASE_SLACK_SECONDS:
+        return None
+    return ("lease_expired",
+            f"lease ran out {now - expires:.1f}s ago: probe traffic only until a heartbeat")
 
 
 def load_pressure(instance: InstanceEntry) -> float:
@@ -300,10 +325,13 @@ class Router:
         feedback: Feedback | None = None,
         open_breakers: Callable[[], Iterable[int]] | None = None,
         index: Callable[[], IntentIndex | None] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``open_breakers`` lists instance pks whose circuit is open (from the gateway);
-        ``index`` returns the current intent index (rebuilt in the background)."""
+        ``index`` returns the current intent index (rebuilt in the background);
+        ``clock`` is the time in epoch seconds leases are judged by (``time.time``)."""
         self.feedback = feedback or Feedback()
+        self._clock = clock or time.time
         self._open_breakers = open_breakers or (lambda: ())
         self._index = index or (lambda: None)
         self.balancer = SmoothWeightedRoundRobin()
@@ -385,6 +413,7 @@ class Router:
                             error="no_capability")
         match_score = next((s.score for s in matches if s.capability_id == capability_id), 1.0)
         open_breakers = frozenset(self._open_breakers()) | exclude
+        now = self._clock()
         explain = not pick
         dropped: list[Dropped] = []
         kept: list[_Row] = []
@@ -397,11 +426,16 @@ class Router:
                     table, request, agent, row.capability)
             if reason is None:
                 reason = row.static_reason
+            if reason is None:  # time-dependent, so never cached with the table
+                reason = lease_reason(row.instance, now)
             if reason is None and row.instance.pk in open_breakers:
                 reason = ("circuit_open", "")
             if reason is None:
                 kept.append(row)
-            elif explain:
+            elif explain and (reason[0] not in _INVISIBLE or visible_to(
+                    table, request.tenant_pk, agent, row.capability)):
+                # A dry run explains only agents the caller may see: another tenant's
+                # private agent is never named, not even as dropped.
                 dropped.append(Dropped(agent.name, capability_id, reason[0], reason[1],
                                        row.instance.pk if row.instance else None))
         if not kept:

@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +55,12 @@ class RouteTableSubscriber:
         self.reloads = 0
         self.failures = 0  # reloads that failed (source of truth unreachable)
         self.stale = True  # True until a load from the source of truth succeeded
+        # Since when this process has been cut off from the source of truth or the bus
+        # (epoch seconds), None while both answer. Leases are judged as of that moment:
+        # heartbeats that cannot reach us are no proof that agents died, so an outage of
+        # ours never empties the table (see ``lease_clock``).
+        self.cut_off_since: float | None = None
+        self._cut: set[str] = set()  # which of "source", "bus" are not answering
         self._listeners: list[Callable[[RouteTable], None]] = []
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -64,6 +71,8 @@ class RouteTableSubscriber:
             cold = self._read_snapshot()
             if cold is not None:
                 self._swap(cold)
+                # Its leases are as fresh as the file: judge them as of its writing.
+                self.cut_off(since=self._snapshot_path.stat().st_mtime)
                 logger.warning("route table: cold start from %s (v%s)", self._snapshot_path,
                                cold.version)
         return self.table
@@ -94,6 +103,24 @@ class RouteTableSubscriber:
                 return
             self._swap(self.table.apply(delta_from_wire(message)))
 
+    def cut_off(self, what: str = "source", since: float | None = None) -> None:
+        """``what`` ("source" or "bus") stopped answering; idempotent."""
+        self._cut.add(what)
+        moment = since if since is not None else time.time()
+        if self.cut_off_since is None or moment < self.cut_off_since:
+            self.cut_off_since = moment
+
+    def reconnected(self, what: str = "source") -> None:
+        self._cut.discard(what)
+        if not self._cut:
+            self.cut_off_since = None
+
+    def lease_clock(self) -> float:
+        """The time leases are judged by: now, or the moment this process was cut off."""
+        now = time.time()
+        since = self.cut_off_since
+        return now if since is None else min(now, since)
+
     def check(self) -> None:
         """Periodic reconciliation: reload if behind; persist if changed since last write.
 
@@ -105,6 +132,9 @@ class RouteTableSubscriber:
                 behind = self._current_version() > self.table.version
             except Exception as exc:
                 logger.warning("route table: version check failed (%s)", type(exc).__name__)
+                self.cut_off()
+            else:
+                self.reconnected()
         if behind:
             self.reload()
         self.persist_if_dirty()
@@ -118,6 +148,7 @@ class RouteTableSubscriber:
             # so after a failure it is known to be stale until one succeeds.
             self.stale = True
             self.failures += 1
+            self.cut_off()
             logger.warning(
                 "route table: reload failed (%s); serving v%s", type(exc).__name__,
                 self.table.version,
@@ -127,6 +158,7 @@ class RouteTableSubscriber:
             self.reloads += 1
             self.stale = False
             self._swap(table)
+        self.reconnected()
         self.persist_if_dirty()
         return True
 

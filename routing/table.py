@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 _EMPTY: Mapping = types.MappingProxyType({})
@@ -77,6 +77,10 @@ class InstanceEntry:
     in_flight: int = 0
     # Capability ids served now; empty means all of the agent's.
     capabilities_available: frozenset[str] = frozenset()
+    # When the lease runs out (seconds since the epoch; None: no lease known). The
+    # router stops sending callers here once it has passed, without waiting for the
+    # control plane's sweep; a heartbeat (a load report) moves it forward.
+    lease_expires_at: float | None = None
 
     def serves(self, capability_id: str) -> bool:
         return not self.capabilities_available or capability_id in self.capabilities_available
@@ -275,6 +279,8 @@ class RouteTable:
         updated = replace(
             current, cpu=report.cpu, memory=report.memory, queue_depth=report.queue_depth,
             in_flight=report.in_flight,
+            lease_expires_at=(report.lease_expires_at if report.lease_expires_at is not None
+                              else current.lease_expires_at),
         )
         agents = dict(self.agents)
         agents[agent.pk] = agent.with_instance(updated)
@@ -319,6 +325,8 @@ class LoadReport:
     memory: float
     queue_depth: int
     in_flight: int
+    # The lease the heartbeat renewed (epoch seconds); None from an older control plane.
+    lease_expires_at: float | None = None
 
 
 # ---- wire format -------------------------------------------------------------------------
@@ -416,4 +424,6 @@ def load_to_wire(report: LoadReport) -> dict:
 
 
 def load_from_wire(data: Mapping) -> LoadReport:
-    return LoadReport(**{f.name: data[f.name] for f in fields(LoadReport)})
+    # A field with a default may be missing (a report from a control plane not yet upgraded).
+    return LoadReport(**{f.name: data[f.name] for f in fields(LoadReport)
+                         if f.name in data or f.default is MISSING})

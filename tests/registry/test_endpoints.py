@@ -263,10 +263,17 @@ def test_check_resolved_refuses_bad_answers_for_an_allowed_name(
         check_resolved("agents.internal", 443, addresses, POLICY)
 
 
-def test_check_resolved_accepts_an_allowed_name() -> None:
-    check_resolved("agents.internal", 443, ["127.0.0.1"], POLICY)
-    # Name allow-listing vouches for the destination: the CIDRs do not apply to it.
-    check_resolved("agents.internal", 443, ["203.0.113.7", "2001:db8::7"], POLICY)
+def test_check_resolved_accepts_an_allowed_name_inside_the_allowed_ranges() -> None:
+    check_resolved("agents.internal", 443, ["127.0.0.1", "::1"], POLICY)
+
+
+@pytest.mark.parametrize("addresses", [["203.0.113.7"], ["2001:db8::7"], ["127.0.0.1", "10.0.0.1"],
+                                       ["::ffff:203.0.113.7"]])
+def test_an_allowed_name_must_also_resolve_inside_the_allowed_ranges(addresses) -> None:
+    # The name says whom the platform may call, the ranges where it may connect: an
+    # allow-listed name re-pointed outside them is refused, every address counts.
+    with pytest.raises(EndpointRefused, match=r"resolved to .* in no allowed CIDR"):
+        check_resolved("agents.internal", 443, addresses, POLICY)
 
 
 def test_check_resolved_applies_own_ports_to_resolved_loopback() -> None:
@@ -310,7 +317,8 @@ def test_a_re_pointed_name_is_refused_at_connect_time() -> None:
 def test_resolve_and_check_passes_the_default_port() -> None:
     resolver = FakeResolver(["10.0.0.7"])
     url = "https://a.svc.cluster.local/"
-    assert asyncio.run(resolve_and_check(url, POLICY, resolver)) == ["10.0.0.7"]
+    cluster = EndpointPolicy.from_setting(["10.0.0.0/8", "*.svc.cluster.local"], [8000])
+    assert asyncio.run(resolve_and_check(url, cluster, resolver)) == ["10.0.0.7"]
     assert resolver.calls == [("a.svc.cluster.local", 443)]
 
 
@@ -324,7 +332,7 @@ def test_resolve_and_check_does_not_resolve_literals_or_refused_names() -> None:
 
 
 def test_resolve_and_check_with_the_default_resolver() -> None:
-    policy = EndpointPolicy.from_setting(["localhost"], own_ports=[8000])
+    policy = EndpointPolicy.from_setting(["localhost", "127.0.0.0/8", "::1"], own_ports=[8000])
     addresses = asyncio.run(resolve_and_check("http://localhost:9001/", policy))
     assert addresses
     assert all(ipaddress.ip_address(a).is_loopback for a in addresses)

@@ -67,7 +67,8 @@ def test_a_killed_agent_goes_unknown_then_offline(live_server, registration_key)
     assert instance.state == "unknown"
     table = build_table()
     entry = table.agents[instance.agent_id].instances[0]
-    assert entry.state == "unknown" and 0 < entry.weight_factor < 1  # kept, weight lowered
+    # Kept in the table (its place is not lost), but probes only: no caller traffic.
+    assert entry.state == "unknown" and entry.weight_factor == 0.0
     assert instances_sweep(now=last + TTL + dt.timedelta(seconds=29))["offline"] == 0
     assert instances_sweep(now=last + TTL + dt.timedelta(seconds=30))["offline"] == 1
     instance.refresh_from_db()
@@ -208,3 +209,55 @@ def test_celery_beat_schedules_the_registry_jobs():
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert {"registry.sweep_leases", "registry.probe_instances"} <= scheduled
     assert scheduled <= set(app.tasks)
+
+
+# ---- leases reach the route table ------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_lease_expiry_travels_with_the_snapshot_and_the_load_report(
+        world, published, django_capture_on_commit_callbacks):
+    from routing.router import Router, RouteRequest
+
+    factories.capability(agent=world.agent_a, capability_id="a.one")
+    instance = factories.instance(agent=world.agent_a)
+    now = timezone.now()
+    with django_capture_on_commit_callbacks(execute=True):
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    table = build_table()
+    entry = table.agents[world.agent_a.pk].instances[0]
+    assert entry.lease_expires_at == pytest.approx((now + TTL).timestamp())
+    later = now + dt.timedelta(seconds=10)
+    with django_capture_on_commit_callbacks(execute=True):
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load(cpu=0.2)), now=later)
+    assert published[-1]["type"] == "load"
+    assert published[-1]["lease_expires_at"] == pytest.approx((later + TTL).timestamp())
+
+    request = RouteRequest(tenant_pk=world.tenant_a.pk, capability="a.one")
+    lapsed = Router(clock=lambda: (now + TTL + dt.timedelta(seconds=2)).timestamp())
+    assert lapsed.route(table, request).error == "no_healthy_instance"
+    from routing.table import load_from_wire
+    renewed = table.apply_load(load_from_wire(published[-1]))
+    assert lapsed.route(renewed, request).chosen.instance.pk == instance.pk
+
+
+@pytest.mark.django_db
+def test_a_heartbeat_after_a_lapse_the_sweep_missed_is_a_flap(world):
+    """Jitter protection without the sweep: the instance keeps its place, weight halved."""
+    instance = factories.instance(agent=world.agent_a)
+    now = timezone.now()
+    instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    instance.refresh_from_db()
+    now += TTL + dt.timedelta(seconds=5)  # lapsed, no sweep ran: still "healthy"
+    assert instance.state == "healthy"
+    instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    instance.refresh_from_db()
+    assert instance.state == "healthy" and instance.flaps == 1
+    entry = build_table().agents[world.agent_a.pk].instances[0]
+    assert entry.weight_factor == 0.5
+    assert entry.lease_expires_at == pytest.approx((now + TTL).timestamp())
+    # Back long after 2 x TTL: not a flap, just alive again.
+    now += TTL * 4
+    instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    instance.refresh_from_db()
+    assert instance.flaps == 0 and instance.state == "healthy"

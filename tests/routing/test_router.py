@@ -71,7 +71,6 @@ def test_an_ab_split_lands_within_two_percent_over_ten_thousand_picks():
     ("agent_kw", "req_kw", "reason"),
     [
         ({"namespace": "dev"}, {}, "namespace"),
-        ({"owner": 2}, {}, "not_granted"),
         ({"internal_only": True}, {}, "internal_only"),
         ({"cap": {"version": "1.2.0"}}, {"min_version": "1.10"}, "version"),
         ({"cap": {"directions": ("en->zh",)}}, {"src_lang": "en", "dest_lang": "ja"},
@@ -94,6 +93,18 @@ def test_each_filter_drops_with_its_reason(agent_kw, req_kw, reason):
     t = table(dropped_agent, kept_agent)
     assert Router().route(t, request(**req_kw)).chosen.agent.name == "kept"
     assert reasons(Router().route(t, request(**req_kw), pick=False))["dropped"] == reason
+
+
+def test_a_dry_run_never_names_another_tenants_private_agent():
+    hidden = agent("someone-elses", owner=2)
+    elsewhere = agent("other-namespace", owner=2, namespace="dev")
+    kept = agent("kept")
+    explained = Router().route(table(hidden, elsewhere, kept), request(), pick=False).explain()
+    named = {d["agent"] for d in explained["dropped"]} | {
+        c["agent"] for c in explained["candidates"]}
+    assert named == {"kept"}
+    alone = Router().route(table(hidden), request(), pick=False)
+    assert alone.error == "no_capability" and alone.explain()["dropped"] == []
 
 
 def test_filters_pass_when_the_constraint_is_met():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from routing.subscriber import RouteTableSubscriber
@@ -183,3 +185,22 @@ def test_entries_are_immutable():
     capability = CapabilityEntry(pk=1, capability_id="c", keywords=keywords)
     keywords.append("b")
     assert capability.keywords == ("a",)
+
+
+def test_leases_are_judged_as_of_the_moment_the_process_was_cut_off():
+    """An outage of the gateway's own (database, bus) must not look like every agent
+    dying: while cut off, the lease clock stands still; once both answer it runs again."""
+    from routing.subscriber import RouteTableSubscriber
+
+    subscriber = RouteTableSubscriber(loader=lambda: (_ for _ in ()).throw(OSError("down")))
+    assert subscriber.cut_off_since is None
+    before = time.time()
+    subscriber.reload()  # the source of truth is unreachable
+    frozen = subscriber.cut_off_since
+    assert frozen is not None and frozen >= before
+    assert subscriber.lease_clock() == frozen
+    subscriber.cut_off("bus")
+    subscriber.reconnected("source")
+    assert subscriber.lease_clock() == frozen  # the bus is still away
+    subscriber.reconnected("bus")
+    assert subscriber.cut_off_since is None and subscriber.lease_clock() >= frozen
