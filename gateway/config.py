@@ -37,7 +37,7 @@ class GatewayConfig:
     # overloaded at once, rather than queued into everyone's time-outs.
     max_in_flight: int = 512
     # Failed authentications per client address per minute before that address gets
-    # 429 too_many_requests for the rest of the minute (guessing keys costs time).
+    # 429 too_many_requests for the rest of the minute (guessing keys costs time; 0: off).
     max_auth_failures_per_minute: int = 30
     # Keyed calls may be retried after a time-out: their first attempt gets this share
     # of the budget, so the one retry still fits inside it.

@@ -222,6 +222,8 @@ LOGGING = {
 # 429 too_many_requests for the rest of the window (reach_platform.auth_throttle);
 # 0 turns the throttle off.
 AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
+# Calls one gateway process runs at once; past it, 503 overloaded with Retry-After at once.
+GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=512)
 AUTH_FAILURE_WINDOW_S = env.int("REACH_AUTH_FAILURE_WINDOW_S", default=60)
 
 # Upstream allow-list: CIDRs and host names ("*.svc.cluster.local") agents may
