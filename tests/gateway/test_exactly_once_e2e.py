@@ -193,3 +193,85 @@ def test_keyed_calls_get_a_clear_503_while_redis_is_away_and_no_500_after(gatewa
         gateway.redis.restore()
         after += [keyed(i, "after-kill") for i in range(100)]
     assert [r.status_code for r in after] == [200] * 200
+
+
+def test_a_mixed_workload_over_two_gateways_stores_one_row_per_call_with_its_outcome(
+        gateway, tmp_path):
+    """Successes, agent 500s, time-outs, rate-limited, over-budget, invalid input and a
+    client that goes away mid-stream, over two gateways; the rows come from the Redis
+    stream through the metering consumer into PostgreSQL."""
+    import redis as redis_sync
+
+    from metering.ingest import usage_stream_consume
+    from metering.models import UsageEvent
+    from registry.services import agent_register
+    from registry.spec import AgentSpec, CapabilitySpec
+
+    endpoint = f"http://127.0.0.1:{gateway.agent_port}/"
+    mixed = agent_register(tenant=gateway.tenant, spec=AgentSpec(
+        name="mixed", endpoint=endpoint, capabilities=(
+            CapabilitySpec(capability_id="mixed.fail", path="/fail"),
+            CapabilitySpec(capability_id="mixed.limited", path="/echo", qps=1, burst=2),
+        ))).agent
+    budgeted = agent_register(tenant=gateway.tenant, spec=AgentSpec(
+        name="budgeted", endpoint=endpoint, capabilities=(
+            CapabilitySpec(capability_id="budgeted.echo", path="/echo"),))).agent
+    Quota.objects.create(tenant=gateway.tenant, agent=budgeted, monthly_requests=1)
+    chat = Agent.objects.get(name="scripted-chat")
+    mine = UsageEvent.objects.filter(tenant=gateway.tenant)
+    with another_gateway(tmp_path, "second") as second:
+        bases = (gateway.base, second)
+        wait_for_table(bases, current_version())
+        first, other = clients(bases, gateway.key)
+        sent: dict[str, str] = {}  # request id -> expected outcome
+        usage: dict[str, int] = {}  # request id -> tokens the agent reported
+
+        def call(client, body, expected, **headers):
+            rid = uuid.uuid4().hex
+            reply = client.post("/v1/invoke", json=body, headers={"X-Request-ID": rid,
+                                                                   **headers})
+            sent[rid] = expected
+            return rid, reply
+
+        try:
+            for i in range(3):
+                rid, reply = call((first, other)[i % 2], {
+                    "capability": "chat.scripted", "input": {"text": f"one two {i}"}},
+                    "success")
+                body = reply.json()["usage"]
+                usage[rid] = body["input_tokens"] + body["output_tokens"]
+            for expected in ("success", "quota_exceeded"):  # a budget of one request
+                call(other, {"capability": "budgeted.echo", "input": {}}, expected)
+            call(first, {"capability": "mixed.fail", "input": {}}, "upstream_error")
+            call(other, {"capability": "slow.op", "input": {}}, "deadline_exceeded",
+                 **{"X-Reach-Deadline-Ms": "300"})
+            for expected in ("success", "success", "rate_limited"):
+                call(first, {"capability": "mixed.limited", "input": {}}, expected)
+            call(other, {"capability": "echo.all", "input": {"x": 1},
+                         "params": {"unknown": []}} | {"stream": "yes"}, "invalid_input")
+            rid = uuid.uuid4().hex
+            with first.stream("POST", "/v1/invoke", headers={"X-Request-ID": rid}, json={
+                    "capability": "chat.scripted", "stream": True,
+                    "input": {"text": "slowly " + "word " * 60}}) as stream:
+                next(stream.iter_bytes())  # the first event, then the caller goes away
+            sent[rid] = "client_cancelled"
+        finally:
+            first.close()
+            other.close()
+    client = redis_sync.Redis.from_url(settings.REDIS_URL)
+    try:
+        def stored() -> bool:
+            usage_stream_consume(client=client, consumer="mixed-test", block_ms=100,
+                                 max_batches=10)
+            return mine.filter(request_id__in=list(sent)).count() >= len(sent)
+
+        wait_for(stored, timeout=30, interval=0.1, message="every call's usage row")
+    finally:
+        client.close()
+    rows = {e.request_id: e for e in mine.filter(request_id__in=list(sent))}
+    assert {rid: row.outcome for rid, row in rows.items()} == sent  # one row each
+    for rid, tokens in usage.items():
+        assert rows[rid].input_tokens + rows[rid].output_tokens == tokens
+    assert all(row.cost == 0 for row in rows.values() if row.outcome != "success")
+    assert rows[rid].agent_id == chat.pk  # the cancelled stream: metered to its agent
+    assert mixed.pk in {row.agent_id for row in rows.values()}
