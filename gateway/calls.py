@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
@@ -40,6 +41,7 @@ class CallContext:
     caller_bound: bool = False  # the caller's budget, not the agent's timeout, binds
     attempts: list[int] = field(default_factory=list)  # instance pks tried
     candidate: Candidate | None = None  # the last one tried
+    admission: Any = None  # the governor's, for the candidate being tried
     # The agent's reported usage (input, output tokens) once it answered; None before.
     reported: tuple[int, int] | None = None
 
@@ -161,6 +163,11 @@ class Caller:
                                   delivered=False)
         remaining = self.attempt_budget_ms(ctx)
         if remaining <= 0:
+            if len(ctx.attempts) == 1 and not ctx.caller_bound:
+                # Nothing was sent: the gateway itself (a slow Redis during admission)
+                # spent the agent's time. Not the agent's failure, and worth a retry.
+                raise ReachError("service_unavailable", "The gateway could not forward the "
+                                 "call within its budget; retry shortly.")
             raise ctx.timed_out()
         upstream = PROTOCOLS[agent.protocol].request(agent, candidate.capability, payload,
                                                      stream=stream, request_id=ctx.request_id)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Callable
@@ -43,10 +44,10 @@ from gateway.governance import Governor
 from gateway.http_io import header, read_body, send_bytes, send_json, sse_headers
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
-from gateway.protocols.base import estimate_tokens
 from gateway.sse import EventFramer, data_of
 from gateway.upstream import UpstreamFailure
 from gateway.usage import UsageQueue
+from reach_core import requestid
 from reach_core.errors import ReachError
 from reach_core.kinds import CapabilityKind, Outcome
 from routing.router import Candidate, Router, RouteRequest
@@ -137,7 +138,6 @@ class Pipeline:
             tenant_slug=request.table.tenants[request.key.tenant_pk].slug,
             started=time.monotonic(), budget_ms=0, caller_budget_ms=None,
             idempotency_key=None)
-        admission = None
         outcome: str = Outcome.SUCCESS
         try:
             request.raw = await read_body(request.scope, request.receive,
@@ -146,7 +146,7 @@ class Pipeline:
             call = parse(request)
             candidate, payload = self._route(request.table, call, ctx)
             if self.governor is not None:
-                admission = await self.governor.admit(
+                ctx.admission = await self.governor.admit(
                     request.table, ctx.tenant_pk, candidate,
                     ceiling=ceiling(candidate, payload), lease_s=self._lease_s(ctx, call))
             outcome = await self._serve(request, call, ctx, candidate, payload)
@@ -161,7 +161,7 @@ class Pipeline:
             outcome = Outcome.INTERNAL_ERROR
             raise
         finally:
-            await self._meter(ctx, admission, outcome)
+            await self._meter(ctx, ctx.admission, outcome)
 
     async def _serve(self, request: Request, call: Call, ctx: CallContext,
                      candidate: Candidate, payload: dict) -> str:
@@ -239,14 +239,31 @@ class Pipeline:
             except UpstreamFailure as failure:
                 if not self._may_retry(ctx, failure):
                     raise ReachError(failure.code, failure.message) from failure
+                previous = candidate
                 try:
                     candidate, payload = self._route(table, call, ctx,
                                                      exclude=frozenset(ctx.attempts))
                 except ReachError:  # nowhere else to go: the first failure is the answer
                     raise ReachError(failure.code, failure.message) from failure
+                if candidate.agent is not previous.agent:
+                    await self._readmit(table, call, ctx, candidate, payload)
                 RETRIES.inc()
                 low, high = self.config.retry_backoff_ms
                 await asyncio.sleep(random.uniform(low, high) / 1000)
+
+    async def _readmit(self, table: RouteTable, call: Call, ctx: CallContext,
+                       candidate: Candidate, payload: dict) -> None:
+        """A retry on another agent is admitted on its own terms: its prices and its
+        limits. The first attempt never reached an agent that answered, so its
+        reservation is given back first; if the new one is refused, so is the retry."""
+        if self.governor is None:
+            return
+        first, ctx.admission = ctx.admission, None
+        if first is not None:
+            await self.governor.settle(first, Amount())
+        ctx.admission = await self.governor.admit(
+            table, ctx.tenant_pk, candidate, ceiling=ceiling(candidate, payload),
+            lease_s=self._lease_s(ctx, call))
 
     def _may_retry(self, ctx: CallContext, failure: UpstreamFailure) -> bool:
         if len(ctx.attempts) >= 2 or (failure.delivered and not ctx.idempotent):
@@ -428,6 +445,7 @@ class Pipeline:
         TOKENS_IN.inc(input_tokens)
         TOKENS_OUT.inc(output_tokens)
         self.usage.emit({
+            "event_id": requestid.new_request_id(),
             "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
             "agent": candidate.agent.pk if candidate else None,
             "capability": candidate.capability.pk if candidate else None,
@@ -439,15 +457,21 @@ class Pipeline:
         })
 
 
+MAX_OUTPUT_CEILING = 10_000_000
+
+
 def ceiling(candidate: Candidate, payload: dict) -> Callable[[], Amount]:
-    """The most a call may use, reserved against budgets: one request, the input's token
-    estimate plus the output ceiling it asked for (``max_tokens``), and their cost.
-    Computed only when a budget applies."""
+    """The most a call may use, reserved against budgets: one request, an upper bound on
+    its input tokens (its size in bytes: no tokenizer makes a token of less than a byte),
+    the output ceiling it asked for (``max_tokens``, any positive number, capped), and
+    their cost. Computed only when a budget applies."""
     def compute() -> Amount:
-        text = orjson.dumps(payload).decode()
-        input_tokens = estimate_tokens(text)
+        input_tokens = len(orjson.dumps(payload))
         asked = payload.get("max_tokens") or payload.get("max_completion_tokens")
-        output_tokens = asked if isinstance(asked, int) and asked > 0 else 0
+        output_tokens = 0
+        if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+            output_tokens = MAX_OUTPUT_CEILING if asked != asked or asked > MAX_OUTPUT_CEILING \
+                else math.ceil(asked)
         return Amount.of(requests=1, tokens=input_tokens + output_tokens,
                          cost=cost(candidate, input_tokens, output_tokens))
     return compute

@@ -125,10 +125,17 @@ def _event_fields(raw: Any) -> dict[str, Any]:
     if (not isinstance(request_id, str) or not request_id or len(request_id) > 128
             or "\x00" in request_id):
         raise _Malformed("request_id missing or invalid")
+    # The gateway's own id for the call: a caller picks its X-Request-ID, so that id
+    # cannot be what makes a row unique. Events without one (older gateways) use it.
+    event_id = raw.get("event_id", request_id)
+    if (not isinstance(event_id, str) or not event_id or len(event_id) > 128
+            or "\x00" in event_id):
+        raise _Malformed("event_id invalid")
     outcome = raw.get("outcome")
     if outcome not in _OUTCOMES:
         raise _Malformed("unknown outcome")
     return {
+        "event_id": event_id,
         "request_id": request_id,
         "tenant_id": _int(raw, "tenant", low=1, high=_PK_MAX),
         "agent_id": _int(raw, "agent", low=1, high=_PK_MAX, nullable=True),
@@ -161,7 +168,7 @@ def usage_events_store(events: Iterable[Any]) -> int:
 
     Malformed events and events of unknown tenants are logged and skipped, never
     fail the batch; agents, capabilities and instances deleted since the call
-    are stored as NULL. Events already stored (same ``request_id``) are ignored.
+    are stored as NULL. Events already stored (same ``event_id``) are ignored.
     """
     rows: dict[str, dict[str, Any]] = {}
     rejected: list[str] = []
@@ -173,7 +180,7 @@ def usage_events_store(events: Iterable[Any]) -> int:
             rejected.append(f"{rid!r:.80}: {exc}")  # ids may be huge
             continue
         # A duplicate inside one batch: the first copy wins, as it would across batches.
-        rows.setdefault(fields["request_id"], fields)
+        rows.setdefault(fields["event_id"], fields)
     if rejected:
         logger.warning("usage: skipped %d malformed events, e.g. %s", len(rejected),
                        "; ".join(rejected[:_LOG_SAMPLE]))
@@ -197,14 +204,14 @@ def usage_events_store(events: Iterable[Any]) -> int:
 
     # Counted inside the transaction; a concurrent consumer storing the same ids at
     # the same moment can make the count high, never the rows.
-    known = _existing(UsageEvent.objects.all(), "request_id", (r["request_id"] for r in values))
+    known = _existing(UsageEvent.objects.all(), "event_id", (r["event_id"] for r in values))
     UsageEvent.objects.bulk_create(
         [UsageEvent(**row) for row in values], ignore_conflicts=True, batch_size=_IN_CHUNK
     )
     # In this transaction: the rollups of these hours and days are stale until rebuilt,
     # however late the events arrived, and reports read their events meanwhile.
-    pending_mark(r["occurred_at"] for r in values if r["request_id"] not in known)
-    return sum(1 for r in values if r["request_id"] not in known)
+    pending_mark(r["occurred_at"] for r in values if r["event_id"] not in known)
+    return sum(1 for r in values if r["event_id"] not in known)
 
 
 def usage_queue_drain(queue: Drainable, *, batch: int = 1000, max_batches: int = 100) -> int:

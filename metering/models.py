@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 
 from django.db import models
@@ -8,12 +9,19 @@ from metering.choices import Outcome
 from reach_platform.scoping import TenantScopedQuerySet
 
 
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
 class UsageEvent(models.Model):
-    """One call through the gateway. ``request_id`` is unique: events are stored exactly once."""
+    """One call through the gateway. ``event_id`` (the gateway's own id for the call) is
+    unique: events are stored exactly once. ``request_id`` is the call's X-Request-ID,
+    which a caller may choose, and so may repeat."""
 
     tenant_path = "tenant_id"
 
-    request_id = models.CharField(max_length=128, unique=True)
+    event_id = models.CharField(max_length=128, unique=True, default=new_event_id)
+    request_id = models.CharField(max_length=128, db_index=True)
     tenant = models.ForeignKey(
         "tenants.Tenant", on_delete=models.PROTECT, related_name="usage_events"
     )

@@ -16,7 +16,7 @@ class UsageEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = UsageEvent
         fields = [
-            "request_id", "tenant", "agent", "capability", "instance", "outcome",
+            "event_id", "request_id", "tenant", "agent", "capability", "instance", "outcome",
             "input_tokens", "output_tokens", "cost", "latency_ms", "occurred_at",
         ]
         read_only_fields = fields

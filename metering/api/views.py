@@ -3,7 +3,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, renderers
@@ -28,11 +28,21 @@ from tenants.principal import principal_for_request
 
 
 class UsageEventViewSet(TenantScopedReadOnlyViewSet):
-    """One row per call through the gateway, newest first."""
+    """One row per call through the gateway, newest first. ``/usage/events/<request id>/``
+    finds a call by the X-Request-ID it carried (the newest, if a caller reused one)."""
 
     queryset = UsageEvent.objects.select_related("tenant")
     serializer_class = UsageEventSerializer
     lookup_field = "request_id"
+
+    def get_object(self):
+        # A caller chooses its request ids and may repeat one: never MultipleObjectsReturned.
+        event = self.filter_queryset(self.get_queryset()).filter(
+            request_id=self.kwargs["request_id"]).order_by("-occurred_at", "-pk").first()
+        if event is None:
+            raise Http404
+        self.check_object_permissions(self.request, event)
+        return event
 
 
 class UsageDailyViewSet(TenantScopedReadOnlyViewSet):

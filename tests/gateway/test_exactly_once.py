@@ -337,3 +337,27 @@ def test_a_mixed_workload_meters_every_call_once_with_its_outcome(scripted):
 
 def test_idempotency_helpers_key_records_by_tenant():
     assert idempotency.record_key(1, "k") != idempotency.record_key(2, "k")
+
+
+def test_a_retry_on_a_dearer_agent_is_reserved_at_that_agents_price(scripted):
+    from dataclasses import replace
+
+    from tests.support.inprocess import agent, capability
+
+    dead = f"http://127.0.0.1:{free_port()}/"
+    cheap = agent("cheap", dead, capability("px.echo", path="/echo"), price_per_call=1.0)
+    pricey = agent("pricey", scripted.endpoint, capability("px.echo", path="/echo"),
+                   price_per_call=5.0)
+    table, key = route_table([cheap, replace(pricey)], quotas=(quota(monthly_cost=10.0),))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            replies = await asyncio.gather(*(gw.post("/v1/invoke", invoke("px.echo", n=i))
+                                             for i in range(10)))
+            return replies, gw.usage.drain()
+
+    replies, events = run(scenario())
+    spent = sum(e["cost"] for e in events)
+    assert 5.0 <= spent <= 10.0, spent  # never the 30.0 a cheap reservation let through
+    assert {r.status_code for r in replies} <= {200, 429, 502}
+    assert sum(r.status_code == 200 for r in replies) == spent / 5.0

@@ -60,6 +60,18 @@ def test_the_same_events_stored_twice_are_stored_once(tenant):
     assert row.occurred_at.timestamp() == pytest.approx(first["occurred_at"], abs=1e-5)
 
 
+def test_a_request_id_a_caller_repeats_never_hides_a_call(tenant):
+    """Callers choose X-Request-ID: twenty calls with one id, or another tenant reusing
+    it, are twenty-one rows; only the gateway's own event id de-duplicates."""
+    other = factories.tenant()
+    calls = [event(tenant.pk, request_id="req-X", event_id=f"ev-{i}") for i in range(20)]
+    calls.append(event(other.pk, request_id="req-X", event_id="ev-other"))
+    assert usage_events_store(calls) == 21
+    assert usage_events_store(calls[:5]) == 0  # redelivered: still once each
+    assert UsageEvent.objects.filter(request_id="req-X").count() == 21
+    assert UsageEvent.objects.filter(tenant=other, request_id="req-X").count() == 1
+
+
 def test_malformed_events_are_skipped_and_logged_not_fatal(tenant, caplog):
     good = event(tenant.pk)
     bad = [
