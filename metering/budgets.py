@@ -47,8 +47,12 @@ def month_usage(tenant_id: int, agent_id: int | None = None, *,
         scope &= Q(agent_id=agent_id)
     if capability_id is not None:
         scope &= Q(capability_id=capability_id)
+    # A request counts when the agent answered (it succeeded or reported usage): as the
+    # gateway's budgets count them, a failing agent consumes no budget.
+    answered = Q(outcome="success") | Q(input_tokens__gt=0) | Q(output_tokens__gt=0) \
+        | Q(cost__gt=0)
     totals = UsageEvent.objects.filter(scope).aggregate(
-        requests=Count("id"),
+        requests=Count("id", filter=answered),
         input_tokens=Sum("input_tokens", default=0),
         output_tokens=Sum("output_tokens", default=0),
         cost=Sum("cost", output_field=_COST_SUM),
@@ -102,3 +106,52 @@ def budgets_check(*, now: datetime) -> list[BudgetAlert]:
             if is_new:
                 created.append(alert)
     return created
+
+
+# Sets each field of the usage hash to at least the given value (never lowers it).
+_RESTORE = """
+for i = 1, #ARGV - 1, 2 do
+  local have = tonumber(redis.call('HGET', KEYS[1], ARGV[i])) or 0
+  if have < tonumber(ARGV[i + 1]) then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[#ARGV])
+return 1
+"""
+_KEY_TTL_MS = 40 * 86400 * 1000
+
+
+def budget_scope(quota: Quota) -> str:
+    """The gateway's name for the counters a quota's budgets are checked against (the same
+    as ``gateway.governance.quota_scope``; a test holds the two together)."""
+    if quota.agent_id is not None:
+        return f"{quota.tenant_id}:agent:{quota.agent_id}"
+    if quota.capability_id is not None:
+        return f"{quota.tenant_id}:capability:{quota.capability_id}"
+    return f"{quota.tenant_id}"
+
+
+def budget_counters_restore(*, client, prefix: str, now: datetime) -> int:
+    """Raise the gateways' month counters in Redis to at least the stored usage.
+
+    The counters are the budgets' source of truth while Redis keeps them; a Redis that
+    lost its data (restarted without persistence) would start the month from zero. The
+    stored events lag the counters by seconds at most, so taking the larger of the two
+    never counts a call twice and restores what was lost. Returns the scopes written.
+    """
+    month = now.astimezone(UTC).strftime("%Y-%m")
+    restore = client.register_script(_RESTORE)
+    quotas = Quota.objects.filter(Q(monthly_requests__isnull=False)
+                                  | Q(monthly_tokens__isnull=False)
+                                  | Q(monthly_cost__isnull=False))
+    done = set()
+    for quota in quotas:
+        scope = budget_scope(quota)
+        if scope in done:
+            continue
+        done.add(scope)
+        used = month_usage(quota.tenant_id, quota.agent_id, capability_id=quota.capability_id,
+                           now=now)
+        restore(keys=[f"{prefix}usage-month:{month}:{scope}"], args=[
+            "requests", used["requests"], "tokens", used["tokens"],
+            "cost", int(used["cost"] * 1_000_000), _KEY_TTL_MS])
+    return len(done)

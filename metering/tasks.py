@@ -12,7 +12,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from metering.budgets import budgets_check
+from metering.budgets import budget_counters_restore, budgets_check
 from metering.ingest import CLAIM_IDLE_MS, usage_stream_consume
 from metering.rollups import rollup_recent
 
@@ -54,6 +54,14 @@ def consume_usage(self, *, batch: int = 500, block_ms: int = 1000,
 @shared_task(name="metering.rollup", ignore_result=True)
 def rollup() -> dict[str, int]:
     return rollup_recent(timezone.now())
+
+
+@shared_task(name="metering.restore_budget_counters", ignore_result=True)
+def restore_budget_counters() -> int:
+    if not settings.REDIS_URL:
+        return 0  # embedded mode: the gateway's counters live and die with the process
+    return budget_counters_restore(client=_redis(settings.REDIS_URL),
+                                   prefix=settings.REDIS_KEY_PREFIX, now=timezone.now())
 
 
 @shared_task(name="metering.check_budgets", ignore_result=True)

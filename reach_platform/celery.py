@@ -25,6 +25,7 @@ PERIODIC = {
     "metering.consume_usage": 1.0,
     "metering.rollup": 60.0,
     "metering.check_budgets": 60.0,
+    "metering.restore_budget_counters": 60.0,
 }
 app.conf.beat_schedule = {
     name: {"task": name, "schedule": period} for name, period in PERIODIC.items()
