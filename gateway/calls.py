@@ -127,6 +127,13 @@ class Upstream:
     candidate: Candidate
     response: aiohttp.ClientResponse
     started: float
+    slot: Any = None  # the agent's connection slot, given back by ``done``
+
+    def done(self) -> None:
+        """Give the connection slot back (idempotent); the response is released apart."""
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            slot.release()
 
 
 class Caller:
@@ -186,6 +193,24 @@ class Caller:
         url = instance.endpoint.rstrip("/") + "/" + upstream.path.lstrip("/")
         session = self.pools.session(agent.pk, agent.pool_max_connections,
                                      agent.pool_idle_seconds)
+        try:
+            slot = await self.pools.slot(agent.pk, agent.pool_max_connections,
+                                         min(self.config.upstream_wait_s, remaining / 1000))
+        except TimeoutError:
+            raise ReachError("upstream_busy", f"All {agent.pool_max_connections} connections "
+                             "to this agent are busy; retry shortly.") from None
+        try:
+            return await self._send(session, url, upstream, headers,
+                                    query, ssl_context, remaining, candidate, ctx, stream,
+                                    slot)
+        except BaseException:
+            slot.release()
+            raise
+
+    async def _send(self, session, url: str, upstream, headers: dict, query: dict,
+                    ssl_context, remaining: float, candidate: Candidate, ctx: CallContext,
+                    stream: bool, slot) -> Upstream:
+        instance = candidate.instance
         seconds = remaining / 1000
         timeout = aiohttp.ClientTimeout(
             total=None if stream else seconds,
@@ -225,7 +250,7 @@ class Caller:
             response.release()
             self._record(instance.pk, ok=True, started=started)
             raise refusal(response.status)
-        return Upstream(candidate=candidate, response=response, started=started)
+        return Upstream(candidate=candidate, response=response, started=started, slot=slot)
 
     async def read(self, upstream: Upstream, ctx: CallContext) -> AgentResponse:
         """Read and parse a non-streamed reply, within the budget and the size limit."""
@@ -240,6 +265,7 @@ class Caller:
             raise ReachError("upstream_error", translate_error(exc).message) from exc
         finally:
             upstream.response.release()
+            upstream.done()
         self._record(instance.pk, ok=True, started=upstream.started)
         UPSTREAM_LATENCY.labels(upstream.candidate.agent.protocol).observe(
             time.monotonic() - upstream.started)

@@ -36,6 +36,9 @@ class GatewayConfig:
     # Load shedding: calls this process runs at once; one more is answered 503
     # overloaded at once, rather than queued into everyone's time-outs.
     max_in_flight: int = 512
+    # How long a call waits for one of an agent's pool connections (its max_conns)
+    # before 503 upstream_busy: a bounded wait, not a queue into time-outs.
+    upstream_wait_s: float = 1.0
     # Failed authentications per client address per minute before that address gets
     # 429 too_many_requests for the rest of the minute (guessing keys costs time; 0: off).
     max_auth_failures_per_minute: int = 30

@@ -423,6 +423,7 @@ class Pipeline:
         finally:
             watching.cancel()
             upstream.response.close()  # drops the connection: cancels the agent's work
+            upstream.done()
             self.caller.record_stream(upstream, ok=outcome in (Outcome.SUCCESS,
                                                                Outcome.CLIENT_CANCELLED))
             ctx.reported = meter.totals()  # the agent answered: what it streamed counts

@@ -61,6 +61,22 @@ class UpstreamPools:
         self._policy = policy
         self._connect_timeout_s = connect_timeout_s
         self._sessions: dict[tuple[int, int, int], aiohttp.ClientSession] = {}
+        self._slots: dict[tuple[int, int], asyncio.Semaphore] = {}
+
+    async def slot(self, agent_pk: int, max_connections: int, wait_s: float) -> asyncio.Semaphore:
+        """Take one of the agent's ``max_connections`` slots, waiting at most ``wait_s``;
+        the caller releases the returned semaphore when the reply is done. Raises
+        ``TimeoutError`` when none frees up in time: the caller answers at once rather
+        than queue behind a saturated pool into everyone's deadlines."""
+        key = (agent_pk, max_connections)
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = asyncio.Semaphore(max_connections)
+        if not slots.locked():
+            await slots.acquire()  # free: no timer, no task on the hot path
+        else:
+            await asyncio.wait_for(slots.acquire(), wait_s)
+        return slots
 
     def session(self, agent_pk: int, max_connections: int, idle_seconds: int):
         key = (agent_pk, max_connections, idle_seconds)

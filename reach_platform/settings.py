@@ -224,6 +224,9 @@ LOGGING = {
 AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
 # Calls one gateway process runs at once; past it, 503 overloaded with Retry-After at once.
 GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=512)
+# How long a call waits for a free connection to its agent (the agent's pool max_conns)
+# before 503 upstream_busy.
+GATEWAY_UPSTREAM_WAIT_S = env.float("REACH_GATEWAY_UPSTREAM_WAIT_S", default=1.0)
 AUTH_FAILURE_WINDOW_S = env.int("REACH_AUTH_FAILURE_WINDOW_S", default=60)
 
 # Upstream allow-list: CIDRs and host names ("*.svc.cluster.local") agents may

@@ -135,3 +135,28 @@ def test_a_keyed_call_to_a_hung_instance_is_retried_inside_the_callers_deadline(
     assert [r.status_code for r in replies] == [200] * 4
     # Without a key a call the hung agent received is not sent again: the deadline ends it.
     assert sorted(r.status_code for r in unkeyed) == [200, 504]
+
+
+def test_a_saturated_agent_pool_answers_upstream_busy_after_a_bounded_wait(scripted):
+    from dataclasses import replace
+
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = replace(agents[0], pool_max_connections=1)
+    table, key = route_table(agents)
+
+    async def scenario():
+        async with in_process(table, key, upstream_wait_s=0.1) as gw:
+            holder = asyncio.ensure_future(gw.post("/v1/invoke", invoke("slow.op"),
+                                                   X_Reach_Deadline_Ms="800"))
+            while not gw.app.caller.pools._slots:  # the first call holds the only slot
+                await asyncio.sleep(0.005)
+            waiting = await gw.post("/v1/invoke", invoke("echo.all"))
+            held = await holder
+            after = await gw.post("/v1/invoke", invoke("echo.all"))  # the slot came back
+            return waiting, held, after
+
+    waiting, held, after = run(scenario())
+    assert waiting.status_code == 503
+    assert waiting.json()["error"]["code"] == "upstream_busy"
+    assert waiting.headers["retry-after"] == "1"
+    assert held.status_code == 504 and after.status_code == 200
