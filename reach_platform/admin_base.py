@@ -137,3 +137,17 @@ def audit_admin_write(request, obj, action, form) -> None:
         principal=principal_for_request(request), source=AuditSource.ADMIN, action=action,
         obj=obj, changes=changes, object_id=str(obj.pk),
     )
+
+
+class OperatorWritesMixin:
+    """Rows only operators (superusers) may add, change or delete; who may see them is
+    the admin's own rule."""
+
+    def has_add_permission(self, request) -> bool:
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser

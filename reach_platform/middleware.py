@@ -7,8 +7,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from reach_core import requestid
 
 
-class RequestIdMiddleware:
-    """Accept or generate ``X-Request-ID``, expose it as ``request.request_id``, echo it."""
+class HybridMiddleware:
+    """A middleware that runs in the sync and the async stack alike."""
 
     sync_capable = True
     async_capable = True
@@ -17,6 +17,10 @@ class RequestIdMiddleware:
         self.get_response = get_response
         if iscoroutinefunction(get_response):
             markcoroutinefunction(self)
+
+
+class RequestIdMiddleware(HybridMiddleware):
+    """Accept or generate ``X-Request-ID``, expose it as ``request.request_id``, echo it."""
 
     def _begin(self, request):
         request.request_id = requestid.accept_or_new(request.headers.get(requestid.HEADER))
@@ -49,19 +53,11 @@ class RequestIdLogFilter(logging.Filter):
         return True
 
 
-class DatabaseUnavailableMiddleware:
+class DatabaseUnavailableMiddleware(HybridMiddleware):
     """A view (API, heartbeat, admin) that fails because the database cannot be reached
     answers 503 ``service_unavailable`` with ``Retry-After`` instead of a 500 with a
     traceback. ``reach_platform.errors.database_unavailable_response`` builds the reply;
     errors raised outside views reach it through ``handler500``."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         # A coroutine in async mode, a response in sync mode: either way the caller's.

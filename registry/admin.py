@@ -4,7 +4,12 @@ from django.contrib import admin, messages
 from django.db.models import Count, Q
 
 from audit.models import AuditAction
-from reach_platform.admin_base import TenantScopedAdmin, audit_admin_write, badge
+from reach_platform.admin_base import (
+    OperatorWritesMixin,
+    TenantScopedAdmin,
+    audit_admin_write,
+    badge,
+)
 from registry.choices import InstanceState
 from registry.models import (
     Agent,
@@ -18,7 +23,7 @@ from registry.services import instance_drain
 from tenants.principal import principal_for_request
 
 
-class SharedAdmin(admin.ModelAdmin):
+class SharedAdmin(OperatorWritesMixin, admin.ModelAdmin):
     """Rows shared by every tenant: everyone with a tenant reads, superusers write."""
 
     def has_module_permission(self, request) -> bool:
@@ -27,15 +32,6 @@ class SharedAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request, obj=None) -> bool:
         return self.has_module_permission(request)
-
-    def has_add_permission(self, request) -> bool:
-        return request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return request.user.is_superuser
 
 
 @admin.register(Namespace)

@@ -5,7 +5,12 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
 from audit.models import AuditAction
-from reach_platform.admin_base import TenantScopedAdmin, audit_admin_write, badge
+from reach_platform.admin_base import (
+    OperatorWritesMixin,
+    TenantScopedAdmin,
+    audit_admin_write,
+    badge,
+)
 from tenants.choices import ApiKeyScope
 from tenants.models import ApiKey, Credential, Grant, Membership, Quota, Tenant
 from tenants.principal import principal_for_request
@@ -176,7 +181,7 @@ class CredentialAdmin(TenantScopedAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(TenantScopedAdmin):
+class QuotaAdmin(OperatorWritesMixin, TenantScopedAdmin):
     list_display = [
         "tenant", "agent", "capability", "requests_per_minute", "burst", "monthly_requests",
         "monthly_tokens", "monthly_cost",
@@ -185,13 +190,4 @@ class QuotaAdmin(TenantScopedAdmin):
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["tenant__slug", "agent__name", "capability__capability_id"]
     autocomplete_fields = ["agent", "capability"]
-
     # Quotas are set by operators: tenant admins see their tenants' quotas, read only.
-    def has_add_permission(self, request) -> bool:
-        return request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return request.user.is_superuser
