@@ -19,7 +19,7 @@ import orjson
 from gateway.http_io import parse_json
 from gateway.pipeline import Call, Request, Result, route_message
 from reach_core.errors import ReachError
-from routing.router import Router, RouteRequest
+from routing.router import Router, RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
@@ -119,7 +119,9 @@ def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, na
     if model.startswith("capability:"):
         return RouteRequest(capability=model.split(":", 1)[1], **base)
     for agent in table.agents.values():
-        if model in (agent.name, f"{agent.namespace}/{agent.name}") and agent.capabilities:
+        # Another tenant's private agent is answered exactly like one that does not exist.
+        if model in (agent.name, f"{agent.namespace}/{agent.name}") and agent.capabilities \
+                and visible_to(table, tenant_pk, agent, agent.capabilities[0]):
             return RouteRequest(capability=agent.capabilities[0].capability_id, agent=model,
                                 **base)
     raise ReachError("no_capability", f"No agent is named {model!r}.")
@@ -169,8 +171,21 @@ def dry_run(router: Router, request: Request, *, internal: bool) -> dict:
                           namespace=request.header(b"x-reach-namespace"), internal=internal)
     decision = router.route(table, route, pick=False)
     explained = {"table_version": table.version, **decision.explain()}
+    # The intent index covers every tenant's capabilities: name only those the caller
+    # may see (its own, granted or public), in the matches, the plan and the answer.
+    def visible(capability_id: str | None) -> bool:
+        return bool(capability_id) and (capability_id == route.capability or
+                                        capability_visible(table, route.tenant_pk,
+                                                           capability_id))
+    if "matches" in explained:
+        explained["matches"] = [m for m in explained["matches"] if visible(m["capability"])]
+    if "plan" in explained:
+        explained["plan"] = [c for c in explained["plan"] if visible(c)]
+    if not visible(explained.get("capability")):
+        explained["capability"] = None
     if decision.error:
-        raise ReachError(decision.error, route_message(decision), explain=explained)
+        raise ReachError(decision.error, route_message(decision, table, route),
+                         explain=explained)
     return {"request_id": request.request_id, **explained}
 
 

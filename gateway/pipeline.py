@@ -50,7 +50,7 @@ from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
 from reach_core.kinds import CapabilityKind, Outcome
-from routing.router import Candidate, Router, RouteRequest
+from routing.router import Candidate, Router, RouteRequest, capability_visible
 from routing.table import ApiKeyEntry, RouteTable
 
 TOKENS_IN, TOKENS_OUT = TOKENS.labels("input"), TOKENS.labels("output")
@@ -213,7 +213,7 @@ class Pipeline:
         """Route and validate: the candidate and the input in the agent's own names."""
         decision = self.router.route(table, call.route, exclude=exclude)
         if decision.error:
-            raise ReachError(decision.error, route_message(decision))
+            raise ReachError(decision.error, route_message(decision, table, call.route))
         candidate = decision.chosen
         ctx.candidate = candidate
         capability = candidate.capability
@@ -500,9 +500,16 @@ def deadline_header(request: Request) -> int | None:
     return int(raw)
 
 
-def route_message(decision) -> str:
+def route_message(decision, table: RouteTable, route: RouteRequest) -> str:
+    """Why routing failed, naming a capability only if the caller named it or may see it."""
+    named = decision.capability
+    if named and named != route.capability and not capability_visible(
+            table, route.tenant_pk, named):
+        named = None
     if decision.error == "no_capability":
-        if decision.capability:
-            return f"No agent offers {decision.capability!r} to this tenant."
+        if named:
+            return f"No agent offers {named!r} to this tenant."
         return "No capability matches this request."
-    return f"No healthy instance can serve {decision.capability!r} now."
+    if named:
+        return f"No healthy instance can serve {named!r} now."
+    return "No healthy instance can serve this request now."

@@ -53,7 +53,10 @@ def _char_problem(text: str) -> str | None:
 def _path(parent: str, key: object) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
-    return f"{parent}.{key}" if parent else str(key)
+    # A key may itself hold the lone surrogate being reported: the path names it escaped,
+    # or the error reply could not be encoded.
+    key = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{parent}.{key}" if parent else key
 
 
 def check_document(data: object, *, max_depth: int = MAX_DEPTH) -> dict[str, list[str]]:

@@ -199,6 +199,20 @@ def visible_to(table: RouteTable, tenant_pk: int, agent: AgentEntry,
             or _granted(table, tenant_pk, agent, capability))
 
 
+def capability_visible(table: RouteTable, tenant_pk: int, capability_id: str) -> bool:
+    """Whether some agent offering ``capability_id`` is visible to the tenant: otherwise the
+    id itself is another tenant's private business and must not be named to this one."""
+    for pk in table.agents_by_capability.get(capability_id, ()):
+        agent = table.agents.get(pk)
+        if agent is None:
+            continue
+        for capability in agent.capabilities:
+            if capability.capability_id == capability_id and visible_to(
+                    table, tenant_pk, agent, capability):
+                return True
+    return False
+
+
 def capability_filter(
     table: RouteTable, request: RouteRequest, agent: AgentEntry, capability: CapabilityEntry
 ) -> tuple[str, str] | None:

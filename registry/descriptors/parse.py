@@ -17,7 +17,9 @@ from typing import Any, get_type_hints
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
+from rest_framework.exceptions import ParseError
 
+from reach_platform.parsers import MAX_DEPTH, check_document
 from registry.descriptors import schemas
 from registry.spec import AgentSpec, CapabilitySpec, DescriptorError
 
@@ -98,6 +100,15 @@ def parse_capability_yaml(text: str) -> AgentSpec:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise DescriptorError({"$": [f"not valid YAML: {_yaml_reason(exc)}"]}) from None
+    except RecursionError:
+        raise DescriptorError({"$": ["not valid YAML: nested too deeply"]}) from None
+    try:
+        problems = check_document(data)
+    except ParseError:
+        raise DescriptorError({"$": ["nested more than "
+                                     f"{MAX_DEPTH} levels deep"]}) from None
+    if problems:
+        raise DescriptorError(problems)
     problems = _schema_problems(schemas.CAPABILITY_YAML_SCHEMA, data)
     if not isinstance(data, dict):
         raise DescriptorError(problems)

@@ -42,7 +42,10 @@ def gateway(transactional_db, tmp_path):
     down.instance.save()
     agent_register(tenant=other, spec=AgentSpec(
         name="private", endpoint="http://127.0.0.1:9504/",
-        capabilities=(CapabilitySpec(capability_id="secret.thing"),),
+        capabilities=(CapabilitySpec(
+            capability_id="secret.thing",
+            description="Reconcile the quarterly ledger of the treasury",
+            keywords=("ledger",)),),
     ))
     key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
     read_only = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.READ]).plaintext
@@ -117,3 +120,18 @@ def test_callers_need_an_invoke_key(gateway, header, status):
                          headers=headers)
     assert response.status_code == status
     assert response.json()["error"]["code"] in ("unauthorized", "forbidden")
+
+
+def test_another_tenants_private_agent_is_never_named(gateway):
+    client, _ = gateway
+    by_intent = client.get("/v1/route", params={"intent": "reconcile the treasury ledger"})
+    assert "secret.thing" not in by_intent.text and "private" not in by_intent.text
+    by_name = client.post("/v1/chat/completions", json={
+        "model": "private", "messages": [{"role": "user", "content": "hi"}]})
+    nobody = client.post("/v1/chat/completions", json={
+        "model": "nobody-at-all", "messages": [{"role": "user", "content": "hi"}]})
+    assert by_name.status_code == nobody.status_code == 404
+    # Exactly as for an agent that does not exist, so nothing tells the two apart.
+    assert by_name.json()["error"]["message"] == \
+        nobody.json()["error"]["message"].replace("nobody-at-all", "private")
+    assert "secret.thing" not in by_name.text

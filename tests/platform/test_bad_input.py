@@ -102,3 +102,21 @@ def test_valid_pagination_still_pages(alpha, world):
     page = alpha.get("/api/v1/agents/?limit=1&offset=1").json()
     assert len(page["results"]) == 1 and page["previous"]
     assert alpha.get("/api/v1/agents/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_lone_surrogate_in_a_key_or_deep_yaml_is_a_400_not_a_500(world):
+    from tests import factories
+    from tests.conftest import key_client
+
+    client = key_client(factories.api_key(tenant=world.tenant_a, scopes=["manage"]).plaintext)
+    surrogate_key = client.post("/api/v1/agents/register",
+                                data=b'{"agent_id": "x", "\\ud800": 1}',
+                                content_type="application/json")
+    assert surrogate_key.status_code == 400, surrogate_key.content
+    assert "\\ud800" in surrogate_key.json()["error"]["message"]
+    deep = client.post("/api/v1/agents/register",
+                       data=("a: " + "[" * 3000 + "]" * 3000).encode(),
+                       content_type="application/yaml")
+    assert deep.status_code == 400, deep.content
+    assert deep.json()["error"]["code"] == "invalid_input"
