@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from reach_core.budgets import usage_key
+
 COST_SCALE = 1_000_000  # costs are counted in millionths, as integers
 NO_LIMIT = -1
 FIELDS = ("requests", "tokens", "cost")
@@ -88,7 +90,6 @@ class Reservation:
     scopes: tuple[str, ...]
     month: str
     amount: Amount
-    settled: bool = field(default=False)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ class RedisBudgets:
         self._settle = client.register_script(_SETTLE)
 
     def usage_key(self, month: str, scope: str) -> str:
-        return f"{self._prefix}usage-month:{month}:{scope}"
+        return usage_key(self._prefix, month, scope)
 
     def _keys(self, month: str, scopes: Sequence[str]) -> list[str]:
         keys = []

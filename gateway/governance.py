@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from gateway.budgets import NO_LIMIT, Amount, Refusal, Reservation, ScopeLimit, month_key
 from gateway.limits import Limit
+from reach_core.budgets import budget_scope
 from reach_core.errors import ReachError
 from routing.router import Candidate
 from routing.table import QuotaEntry, RouteTable
@@ -66,16 +67,12 @@ def _quota_key(quota: QuotaEntry) -> str:
 
 def usage_scopes(tenant_pk: int, candidate: Candidate) -> tuple[str, ...]:
     """The counters a call adds to: the tenant's, tenant x agent's, tenant x capability's."""
-    return (f"{tenant_pk}", f"{tenant_pk}:agent:{candidate.agent.pk}",
-            f"{tenant_pk}:capability:{candidate.capability.pk}")
+    return (budget_scope(tenant_pk), budget_scope(tenant_pk, agent_pk=candidate.agent.pk),
+            budget_scope(tenant_pk, capability_pk=candidate.capability.pk))
 
 
 def quota_scope(quota: QuotaEntry) -> str:
-    if quota.agent_pk is not None:
-        return f"{quota.tenant_pk}:agent:{quota.agent_pk}"
-    if quota.capability_pk is not None:
-        return f"{quota.tenant_pk}:capability:{quota.capability_pk}"
-    return f"{quota.tenant_pk}"
+    return budget_scope(quota.tenant_pk, quota.agent_pk, quota.capability_pk)
 
 
 def budget_limits(table: RouteTable, tenant_pk: int, candidate: Candidate) -> list[ScopeLimit]:

@@ -283,8 +283,6 @@ class Pipeline:
                 store, record, body_hash, owner, lease_s,
                 wait_s=min(lease_s, ctx.remaining_ms() / 1000) if ctx.caller_bound
                 else lease_s)
-        except ReachError:
-            raise
         except Exception as exc:  # Redis unreachable: the documented policy, never a 500
             IDEMPOTENCY_DEGRADED.inc()
             if not self.idempotency_fail_open:
@@ -471,7 +469,8 @@ def ceiling(candidate: Candidate, payload: dict) -> Callable[[], Amount]:
         asked = payload.get("max_tokens") or payload.get("max_completion_tokens")
         output_tokens = 0
         if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
-            output_tokens = MAX_OUTPUT_CEILING if asked != asked or asked > MAX_OUTPUT_CEILING \
+            # Capped before ceil: a float infinity has no integer ceiling.
+            output_tokens = MAX_OUTPUT_CEILING if asked > MAX_OUTPUT_CEILING \
                 else math.ceil(asked)
         return Amount.of(requests=1, tokens=input_tokens + output_tokens,
                          cost=cost(candidate, input_tokens, output_tokens))

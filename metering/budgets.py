@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Count, DecimalField, Q, Sum
 
 from metering.models import BudgetAlert, UsageEvent
+from reach_core.budgets import budget_scope, usage_key
 from tenants.models import Quota
 
 THRESHOLD = Decimal("0.80")
@@ -120,14 +121,9 @@ return 1
 _KEY_TTL_MS = 40 * 86400 * 1000
 
 
-def budget_scope(quota: Quota) -> str:
-    """The gateway's name for the counters a quota's budgets are checked against (the same
-    as ``gateway.governance.quota_scope``; a test holds the two together)."""
-    if quota.agent_id is not None:
-        return f"{quota.tenant_id}:agent:{quota.agent_id}"
-    if quota.capability_id is not None:
-        return f"{quota.tenant_id}:capability:{quota.capability_id}"
-    return f"{quota.tenant_id}"
+def quota_budget_scope(quota: Quota) -> str:
+    """The counters a quota's budgets are checked against, named as the gateway names them."""
+    return budget_scope(quota.tenant_id, quota.agent_id, quota.capability_id)
 
 
 def budget_counters_restore(*, client, prefix: str, now: datetime) -> int:
@@ -145,13 +141,13 @@ def budget_counters_restore(*, client, prefix: str, now: datetime) -> int:
                                   | Q(monthly_cost__isnull=False))
     done = set()
     for quota in quotas:
-        scope = budget_scope(quota)
+        scope = quota_budget_scope(quota)
         if scope in done:
             continue
         done.add(scope)
         used = month_usage(quota.tenant_id, quota.agent_id, capability_id=quota.capability_id,
                            now=now)
-        restore(keys=[f"{prefix}usage-month:{month}:{scope}"], args=[
+        restore(keys=[usage_key(prefix, month, scope)], args=[
             "requests", used["requests"], "tokens", used["tokens"],
             "cost", int(used["cost"] * 1_000_000), _KEY_TTL_MS])
     return len(done)

@@ -10,14 +10,8 @@ from registry.services import agent_register
 from registry.spec import AgentSpec, CapabilitySpec
 from tenants.choices import ApiKeyScope
 from tests import factories
+from tests.gateway.conftest import database_url
 from tests.support.servers import free_port, platform_env, running, uvicorn_args
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("postgresql"):
-        return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return f"sqlite:///{db['NAME']}"
 
 
 @pytest.fixture
@@ -50,7 +44,7 @@ def gateway(transactional_db, tmp_path):
     key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
     read_only = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.READ]).plaintext
     port = free_port()
-    env = platform_env(tmp_path, DATABASE_URL=_database_url(),
+    env = platform_env(tmp_path, DATABASE_URL=database_url(),
                        REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS))
     with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "log") as base:
         client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"})

@@ -12,7 +12,7 @@ import redis
 from django.conf import settings
 
 from gateway.governance import quota_scope
-from metering.budgets import budget_counters_restore, budget_scope
+from metering.budgets import budget_counters_restore, quota_budget_scope
 from metering.models import UsageEvent
 from routing.table import QuotaEntry
 from tenants.models import Quota
@@ -27,7 +27,7 @@ def test_the_control_plane_names_budget_scopes_as_the_gateway_does(db):
     for kw in ({}, {"agent": agent}):
         quota = Quota(tenant=tenant, monthly_requests=1, **kw)
         entry = QuotaEntry(pk=1, tenant_pk=tenant.pk, agent_pk=kw.get("agent") and agent.pk)
-        assert budget_scope(quota) == quota_scope(entry)
+        assert quota_budget_scope(quota) == quota_scope(entry)
 
 
 @needs_redis
