@@ -97,10 +97,17 @@ class GatewayApp:
         self._jobs = tuple(jobs)
         self._closers = tuple(closers)
         self._tasks: list[asyncio.Task] | None = None
-        self.in_flight = 0
+        self.shedder = LoadShedder(max_in_flight=config.max_in_flight,
+                                   max_loop_lag_s=config.max_loop_lag_ms / 1000)
+        if config.max_loop_lag_ms > 0:
+            self._jobs = (*self._jobs, self.shedder.watch)
         self.auth_failures = AuthFailures(config.max_auth_failures_per_minute)
         # The router skips instances whose breaker is open: this gateway's breakers feed it.
         router.set_open_breakers(breakers.open_instances)
+
+    @property
+    def in_flight(self) -> int:
+        return self.shedder.in_flight
 
     # ---- ASGI -----------------------------------------------------------------------------
 
@@ -200,11 +207,13 @@ class GatewayApp:
 
     async def _call(self, request_id, scope, receive, send, door) -> str:
         """A call through the pipeline, unless this process is already at its limit of
-        calls in flight: then 503 overloaded at once."""
-        if self.in_flight >= self.config.max_in_flight:
-            raise ReachError("overloaded", "This gateway is at its limit of "
-                             f"{self.config.max_in_flight} calls in flight; retry shortly.")
-        self.in_flight += 1
+        calls in flight (``LoadShedder``): then 503 overloaded at once, before anything
+        else is spent on it."""
+        shedder = self.shedder
+        if shedder.in_flight >= shedder.limit:
+            raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
+                             f"({shedder.limit} now); retry shortly.")
+        shedder.in_flight += 1
         try:
             request = await self._request(request_id, scope, receive, send)
             content_type = (request.header(b"content-type") or "").split(";")[0].strip()
@@ -214,7 +223,7 @@ class GatewayApp:
             internal = self._internal(scope)
             return await self.pipeline.run(request, lambda r: door(r, internal=internal))
         finally:
-            self.in_flight -= 1
+            shedder.in_flight -= 1
 
     def _internal(self, scope) -> bool:
         return self.config.is_internal((scope.get("client") or (None,))[0])
@@ -241,6 +250,67 @@ class GatewayApp:
         await send_bytes(send, 200, generate_latest(REGISTRY), request_id,
                          content_type=CONTENT_TYPE_LATEST.encode())
         return Outcome.SUCCESS
+
+
+class LoadShedder:
+    """How many calls this process takes at once: ``limit``, which ``GatewayApp._call``
+    compares with ``in_flight`` before it spends anything else on a call.
+
+    Two bounds. ``max_in_flight`` is a count, for memory and sockets; a healthy slow
+    agent legitimately keeps many calls open, so it sits well above a normal load's
+    concurrency. The CPU is guarded by the event loop's lag: ``watch`` wakes every
+    ``TICK_S`` and measures how late it woke. A loop that is late on
+    ``CUT_AFTER_TICKS`` ticks in a row by more than ``max_loop_lag_s`` has more ready
+    work than CPU, and every call in it waits that long at each step (reading the
+    body, connecting, relaying the reply): then ``limit`` drops to half the calls in
+    flight (at most once per ``SETTLE_S``, so a cut is seen before the next), and once
+    the loop is on time it grows back by one per tick (AIMD: growing by a share per
+    tick outran the cuts and kept the loop saturated at 5x). Calls past it get 503
+    overloaded at once instead of joining a queue that ends in everyone's time-out.
+    ``max_loop_lag_s`` 0 turns the lag bound off. The limit never drops below
+    ``FLOOR``: a process whose CPU goes entirely to refusing calls still serves some,
+    and a short burst (a few dozen calls at once into a cold process) is never shed
+    for the lag it causes itself.
+    """
+
+    TICK_S = 0.01
+    CUT_AFTER_TICKS = 3
+    SETTLE_S = 0.1
+    FLOOR = 32
+
+    def __init__(self, *, max_in_flight: int, max_loop_lag_s: float) -> None:
+        self.max_in_flight = max_in_flight
+        self.max_loop_lag_s = max_loop_lag_s
+        self.limit = max_in_flight
+        self.in_flight = 0
+        self.loop_lag_s = 0.0  # the last tick's
+        self._late_ticks = 0
+        self._settled_at = 0.0
+
+    def observe(self, lag_s: float, now: float) -> None:
+        """One tick of the watch: the loop woke ``lag_s`` late at ``now``."""
+        self.loop_lag_s = lag_s
+        if self.max_loop_lag_s <= 0:
+            return
+        if lag_s <= self.max_loop_lag_s:
+            self._late_ticks = 0
+            if self.limit < self.max_in_flight:
+                self.limit += 1
+            return
+        self._late_ticks += 1
+        if self._late_ticks >= self.CUT_AFTER_TICKS and now >= self._settled_at:
+            floor = min(self.FLOOR, self.max_in_flight)
+            self.limit = max(floor, min(self.limit, self.in_flight) // 2)
+            self._settled_at = now + self.SETTLE_S
+
+    async def watch(self) -> None:
+        """Measure the loop's lag for the process's lifetime (a background job)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.TICK_S)
+            now = loop.time()
+            self.observe(max(0.0, now - before - self.TICK_S), now)
 
 
 class AuthFailures:

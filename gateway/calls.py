@@ -21,7 +21,13 @@ from gateway.credentials import Credentials
 from gateway.metrics import BAD_RESPONSES, UPSTREAM_LATENCY
 from gateway.protocols import PROTOCOLS, AgentResponse
 from gateway.protocols.base import thaw
-from gateway.upstream import UpstreamFailure, UpstreamPools, translate_error
+from gateway.upstream import (
+    UpstreamFailure,
+    UpstreamPools,
+    reset_before_sent,
+    translate_error,
+    upload_tracker,
+)
 from reach_core.errors import ReachError
 from routing.router import Candidate, Feedback
 from routing.table import CapabilityEntry, RouteTable
@@ -103,9 +109,18 @@ class Validators:
             self._cache[id(schema)] = cached
         problems: dict[str, list[str]] = {}
         for error in cached[1].iter_errors(instance):
-            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
-                           for p in error.absolute_path).lstrip(".") or "$"
-            problems.setdefault(path, []).append(error.message)
+            where = list(error.absolute_path)
+            if error.validator == "required":
+                # At each missing field itself: that is what the caller must add.
+                found = [([*where, n], "is required") for n in error.validator_value
+                         if n not in error.instance]
+            else:
+                found = [(where, error.message)]
+            for parts, message in found:
+                path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                               for p in parts).lstrip(".") or "$"
+                if message not in problems.setdefault(path, []):
+                    problems[path].append(message)
         return problems
 
 
@@ -220,21 +235,37 @@ class Caller:
             sock_read=min(self.config.stream_idle_timeout_s, seconds) if stream else None,
         )
         started = time.monotonic()
+        tracker = upload_tracker()
+        # Until its status line is in, the attempt is unanswered: the router prefers other
+        # instances over one that leaves calls unanswered (a hung or stopped process).
+        waiting = self.feedback.sent(instance.pk)
+        answered = timed_out = False
         try:
             # aiohttp's own total timeout covers sending and reading the body: no
             # extra timer or task per call on the hot path.
             response = await session.post(
                 url, data=orjson.dumps(upstream.body), headers=headers,
                 params=query or None, allow_redirects=False, timeout=timeout,
-                ssl=ssl_context if ssl_context is not None else True)
+                ssl=ssl_context if ssl_context is not None else True,
+                **({"upload_tracker": tracker} if tracker is not None else {}))
+            answered = True
         except TimeoutError as exc:
+            timed_out = True
             self._record(instance.pk, ok=False, started=started)
             if ctx.remaining_ms() <= 1:
                 raise ctx.timed_out() from exc
             raise translate_error(exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             self._record(instance.pk, ok=False, started=started)
+            if await reset_before_sent(exc, tracker):
+                raise UpstreamFailure(
+                    "upstream_error", "the agent reset the connection before it had the "
+                    "whole request", delivered=False) from exc
             raise translate_error(exc) from exc
+        finally:
+            self.feedback.settled(instance.pk, waiting, answered=answered,
+                                  timed_out=timed_out,
+                                  lease_expires_at=instance.lease_expires_at)
         if response.status >= 500:
             response.release()
             self._record(instance.pk, ok=False, started=started)

@@ -35,7 +35,12 @@ class GatewayConfig:
     lease_margin_s: float = 5.0
     # Load shedding: calls this process runs at once; one more is answered 503
     # overloaded at once, rather than queued into everyone's time-outs.
-    max_in_flight: int = 512
+    max_in_flight: int = 1024
+    # The CPU's guard: a loop that runs this late, tick after tick, shrinks the limit on
+    # calls in flight until it is on time again (gateway.app.LoadShedder; 0: off). Off
+    # here because it depends on how busy the machine is, which in-process tests must
+    # not; deployments get REACH_GATEWAY_MAX_LOOP_LAG_MS (20) from the settings.
+    max_loop_lag_ms: float = 0.0
     # How long a call waits for one of an agent's pool connections (its max_conns)
     # before 503 upstream_busy: a bounded wait, not a queue into time-outs.
     upstream_wait_s: float = 1.0

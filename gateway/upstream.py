@@ -9,14 +9,27 @@ resolution (``SafeResolver``), so a name re-pointed at a refused address is
 refused at connect time. Redirects are never followed.
 
 Errors are translated here into ``UpstreamFailure`` with a ``delivered``
-flag: False means the request provably never reached the agent (refused
-connection, refused address, connect timeout), which is what makes a retry
-safe for a non-idempotent call.
+flag: False means the request provably never reached the agent in full, which is
+what makes a retry safe for a non-idempotent call. Recognised as not delivered:
+
+- no connection: refused, a refused address, a connect timeout;
+- a connection the agent reset (ECONNRESET, EPIPE) while the gateway was still
+  sending the request: aiohttp's ``UploadTracker`` (aiohttp >= 3.14) reports the body
+  was not fully handed to the socket, and a reset connection drops whatever was still
+  queued, so the agent never had the whole request (it closed after reading only the
+  headers, say). See ``reset_before_sent``.
+
+Everything else counts as delivered, because the gateway cannot tell: a reset
+after the whole request was written (even if the agent never read its tail from
+its socket), a clean close (EOF: a half-closed agent may still read what was
+flushed after it), any time-out once connected, and every reset when the
+tracker is unavailable (older aiohttp).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 
 import aiohttp
@@ -100,6 +113,35 @@ class UpstreamPools:
         for session in sessions:
             await session.close()
         return sum(1 for s in sessions if s.closed)
+
+
+RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
+
+
+def upload_tracker():
+    """A tracker of one request's body upload, or None where aiohttp has none (< 3.14).
+    Must be created in the running loop, one per request."""
+    tracker = getattr(aiohttp, "UploadTracker", None)
+    return tracker() if tracker is not None else None
+
+
+async def reset_before_sent(exc: BaseException, tracker) -> bool:
+    """Whether ``exc`` proves the agent never had the whole request: the connection was
+    reset while its body was still being written. False whenever in doubt.
+
+    After the failure aiohttp cancels a body write still in progress; its tracker then
+    settles at once (UploadAbortedError, or the write's own OSError). A tracker that
+    finished means every byte was handed to the kernel: delivered, as far as we know."""
+    if tracker is None or getattr(exc, "errno", None) not in RESET_ERRNOS:
+        return False
+    upload = tracker.upload_complete
+    if not upload.done():
+        # Settles on the cancelled writer's next step; the bound only guards the
+        # unexpected, and then the call counts as delivered.
+        await asyncio.wait({upload}, timeout=1.0)
+        if not upload.done():
+            return False
+    return upload.cancelled() or upload.exception() is not None
 
 
 def translate_error(exc: BaseException) -> UpstreamFailure:

@@ -8,6 +8,7 @@ A/B shares, then balance with smooth weighted round robin.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -136,19 +137,100 @@ class Decision:
 # ---- feedback from the gateway -------------------------------------------------------
 
 
+# An instance leaves a call unanswered (no status line yet) for at least this long, and
+# for UNANSWERED_FACTOR times its usual latency, before the router prefers the others.
+UNANSWERED_FLOOR_S = 0.1
+UNANSWERED_FACTOR = 4.0
+# How long a call that timed out unanswered keeps its instance avoided when the table
+# carries no lease for it (with a lease: until a heartbeat renews it, or it lapses).
+UNANSWERED_HOLD_S = 10.0
+
+
 class Feedback:
-    """Observed success rate and latency per instance, as exponentially weighted averages.
+    """Observed success rate and latency per instance, as exponentially weighted averages,
+    and which instances leave calls unanswered.
 
     The gateway records every call; the router reads. An instance with no
     observations counts as perfect, so new instances get traffic to be measured.
+
+    *Unanswered*: the gateway reports each attempt when it is ``sent`` and when it is
+    ``settled`` (answered: a status line came, whatever its status). An instance is
+    ``unanswered`` while one of its attempts has waited past its patience (the larger of
+    ``UNANSWERED_FLOOR_S`` and ``UNANSWERED_FACTOR`` x its latency) with no answer from it
+    since that attempt began, and after an attempt timed out unanswered until it answers
+    again or its lease is renewed (``UNANSWERED_HOLD_S`` without a lease). A hung or
+    SIGSTOPped process accepts connections (the kernel does) but answers nothing: without
+    this, the balancer keeps handing it its share of calls until its lease lapses, and
+    an unkeyed call it received cannot be retried. The router only *prefers* the others:
+    an instance that is the only one left still gets its calls.
     """
 
-    def __init__(self, alpha: float = 0.1) -> None:
+    def __init__(self, alpha: float = 0.1, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._alpha = alpha
+        self._clock = clock
         self.observed = False  # nothing recorded yet: every factor is 1
         self._success: dict[int, float] = {}
         self._latency: dict[int, float] = {}
         self._lock = threading.Lock()
+        self._tokens = itertools.count()
+        # Per instance: its attempts waiting for an answer, {token: sent at}, oldest first.
+        self._waiting: dict[int, dict[int, float]] = {}
+        self._answered: dict[int, float] = {}  # when it last answered
+        # Since when it is silent (an attempt timed out unanswered), and its lease then.
+        self._silent: dict[int, tuple[float, float | None]] = {}
+
+    def sent(self, instance_pk: int) -> int:
+        """An attempt is going to the instance; returns the token ``settled`` takes."""
+        token = next(self._tokens)
+        now = self._clock()
+        with self._lock:
+            self._waiting.setdefault(instance_pk, {})[token] = now
+        return token
+
+    def settled(self, instance_pk: int, token: int, *, answered: bool,
+                timed_out: bool = False, lease_expires_at: float | None = None) -> None:
+        """The attempt ``token`` is over: ``answered`` (its status line came), or not;
+        ``timed_out`` unanswered makes the instance silent (``lease_expires_at`` is its
+        lease as the gateway knows it, so that a renewal ends the silence)."""
+        now = self._clock()
+        with self._lock:
+            waiting = self._waiting.get(instance_pk)
+            started = waiting.pop(token, now) if waiting is not None else now
+            if waiting is not None and not waiting:
+                del self._waiting[instance_pk]
+            if answered:
+                self._answered[instance_pk] = now
+                self._silent.pop(instance_pk, None)
+            elif timed_out and instance_pk not in self._silent and \
+                    self._answered.get(instance_pk, float("-inf")) < started:
+                self._silent[instance_pk] = (started, lease_expires_at)
+
+    def unanswered(self, instance_pk: int, lease_expires_at: float | None = None) -> bool:
+        """Whether the instance leaves calls unanswered (see the class docstring)."""
+        if instance_pk not in self._waiting and instance_pk not in self._silent:
+            return False  # the common case, without the lock
+        now = self._clock()
+        with self._lock:
+            answered = self._answered.get(instance_pk, float("-inf"))
+            silent = self._silent.get(instance_pk)
+            if silent is not None:
+                since, lease = silent
+                if lease is None or lease_expires_at is None:
+                    holds = now - since < UNANSWERED_HOLD_S
+                else:
+                    holds = lease_expires_at <= lease  # not renewed since
+                if holds and answered < since:
+                    return True
+                del self._silent[instance_pk]
+            waiting = self._waiting.get(instance_pk)
+            if not waiting:
+                return False
+            oldest = next(iter(waiting.values()))
+            latency = self._latency.get(instance_pk)
+            patience = UNANSWERED_FLOOR_S if latency is None else max(
+                UNANSWERED_FLOOR_S, UNANSWERED_FACTOR * latency / 1000)
+            return now - oldest > patience and answered < oldest
 
     def record(self, instance_pk: int, *, ok: bool, latency_ms: float) -> None:
         a = self._alpha
@@ -432,7 +514,14 @@ class Router:
         dropped: list[Dropped] = []
         kept: list[_Row] = []
         agent_reason: dict[int, tuple[str, str] | None] = {}
+        live = table.live
         for row in prepared.rows:
+            if live and row.instance is not None and row.instance.pk in live:
+                # Load and lease from heartbeats since the table's version: O(1) each.
+                current = table.current(row.instance)
+                if current is not row.instance:
+                    row = _Row(row.agent, row.capability, current, row.static_reason,
+                               base_score(row.agent, current) if row.base else 0.0)
             agent = row.agent
             reason = agent_reason.get(agent.pk, False)
             if reason is False:
@@ -452,6 +541,8 @@ class Router:
                 # private agent is never named, not even as dropped.
                 dropped.append(Dropped(agent.name, capability_id, reason[0], reason[1],
                                        row.instance.pk if row.instance else None))
+        if len(kept) > 1:
+            kept = self._prefer_answering(kept, capability_id, dropped if explain else None)
         if not kept:
             if not explain:  # say why, in full, only when there is nothing to route to
                 return self._route_capability(table, request, capability_id, matches,
@@ -498,6 +589,24 @@ class Router:
         return Decision(capability=capability_id,
                         chosen=self._candidate(chosen[0], chosen[1], match_score),
                         matches=tuple(matches))
+
+    def _prefer_answering(self, kept: list[_Row], capability_id: str,
+                          dropped: list[Dropped] | None) -> list[_Row]:
+        """``kept`` without the instances that leave calls unanswered, unless that would
+        leave nobody (see ``Feedback``)."""
+        unanswered = self.feedback.unanswered
+        answering = [r for r in kept
+                     if not unanswered(r.instance.pk, r.instance.lease_expires_at)]
+        if not answering or len(answering) == len(kept):
+            return kept
+        if dropped is not None:
+            kept_ids = {id(r) for r in answering}
+            for r in kept:
+                if id(r) not in kept_ids:
+                    dropped.append(Dropped(r.agent.name, capability_id, "unanswered",
+                                           "leaves calls unanswered: the others first",
+                                           r.instance.pk))
+        return answering
 
     def _weights(self, kept: list[_Row]) -> list[tuple[float, float, float]]:
         """``(score, success_factor, latency_factor)`` per kept row."""

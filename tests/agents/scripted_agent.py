@@ -144,7 +144,7 @@ async def seen(request: web.Request) -> web.Response:
 
 
 def main() -> None:
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # large bodies for the reset tests
     app.add_routes([web.post("/echo", echo), web.post("/slow", slow), web.post("/bad", bad),
                     web.post("/fail", fail), web.post("/refuse", refuse),
                     web.post("/redirect", redirect), web.post("/v1/chat/completions", chat),

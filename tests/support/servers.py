@@ -41,6 +41,9 @@ def platform_env(data_dir: Path, **overrides: str) -> dict[str, str]:
         REACH_SECRET_KEY="test-server-secret-" + os.urandom(8).hex(),
         REACH_CREDENTIAL_KEYS=Fernet.generate_key().decode(),
         PYTHONUNBUFFERED="1",
+        # Shedding on event-loop lag reacts to how busy the machine is; no test may. A
+        # test of it sets a value (and injects the lag).
+        REACH_GATEWAY_MAX_LOOP_LAG_MS="0",
     )
     env.update(overrides)
     return env
