@@ -3,6 +3,9 @@
 ``/healthz`` says the process answers. ``/readyz`` says it can do its work:
 the database answers, and Redis too when ``REDIS_URL`` is set. A balancer
 takes a not-ready process out of rotation; it does not restart it.
+
+Every 503 carries ``Retry-After`` (``REACH_DB_UNAVAILABLE_RETRY_AFTER`` seconds), as
+every other 503 of the platform does: the answer is retryable and says when.
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ def readyz(request):
             **({"error": problem} if problem else {}),
         }
         ready = ready and problem is None
-    return JsonResponse(
+    response = JsonResponse(
         {"status": "ready" if ready else "not_ready", "checks": results},
         status=200 if ready else 503,
     )
+    if not ready:
+        response["Retry-After"] = str(settings.DB_UNAVAILABLE_RETRY_AFTER)
+    return response

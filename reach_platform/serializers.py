@@ -6,11 +6,102 @@ import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
+from rest_framework.utils import html
 
 from tenants.principal import principal_for_request
 
+# --- JSON types as published --------------------------------------------------------------
+#
+# DRF coerces: a CharField takes 5 as "5", an IntegerField "5", a BooleanField 0, "yes" or
+# "on", a PrimaryKeyRelatedField "5". The OpenAPI document says string, integer, boolean:
+# a client that sends another type has a bug we must report, not guess around. Query
+# strings and form data are text by nature, so they keep DRF's parsing.
 
-class CleanModelSerializer(serializers.ModelSerializer):
+
+class JSONTyped:
+    """Mixin for a DRF field: in a JSON body, a value of another JSON type than
+    ``json_types`` is invalid (``bool`` never counts as a number)."""
+
+    json_types: tuple[type, ...] = ()
+    default_error_messages = {"invalid_type": "Must be {expected}."}
+
+    def to_internal_value(self, data):
+        wrong = not isinstance(data, self.json_types) or (
+            isinstance(data, bool) and bool not in self.json_types)
+        if wrong and not html.is_html_input(getattr(self.root, "initial_data", None)):
+            self.fail("invalid_type", expected=self.json_type_name)
+        return super().to_internal_value(data)
+
+    @property
+    def json_type_name(self) -> str:
+        return {str: "a string", int: "an integer", float: "a number",
+                bool: "a boolean"}[self.json_types[-1]]
+
+
+class StrictCharField(JSONTyped, serializers.CharField):
+    json_types = (str,)
+
+
+class StrictIntegerField(JSONTyped, serializers.IntegerField):
+    json_types = (int,)
+
+
+class StrictFloatField(JSONTyped, serializers.FloatField):
+    json_types = (int, float)
+
+
+class StrictBooleanField(JSONTyped, serializers.BooleanField):
+    json_types = (bool,)
+
+
+_STRICT_TYPES: list[tuple[type, tuple[type, ...]]] = [
+    (serializers.BooleanField, (bool,)),
+    (serializers.IntegerField, (int,)),
+    (serializers.FloatField, (int, float)),
+    (serializers.CharField, (str,)),
+]
+_strict_classes: dict[type, type] = {}
+
+
+def strict_field_class(field_class: type) -> type:
+    """``field_class`` with ``JSONTyped`` mixed in when it is a string, integer, number or
+    boolean field (``SlugField``, ``URLField``… included); any other class unchanged."""
+    for base, json_types in _STRICT_TYPES:
+        if issubclass(field_class, base) and not issubclass(field_class, JSONTyped):
+            if field_class not in _strict_classes:
+                _strict_classes[field_class] = type(
+                    f"Strict{field_class.__name__}", (JSONTyped, field_class),
+                    {"json_types": json_types, "__module__": __name__})
+            return _strict_classes[field_class]
+    return field_class
+
+
+class StrictModelSerializer(serializers.ModelSerializer):
+    """A ``ModelSerializer`` whose generated fields take only their published JSON type."""
+
+    def build_standard_field(self, field_name, model_field):
+        field_class, kwargs = super().build_standard_field(field_name, model_field)
+        return strict_field_class(field_class), kwargs
+
+
+class KnownFieldsOnly:
+    """Refuses keys the serializer does not declare, each at its own name.
+
+    DRF drops them silently, so a misspelt field (``wieght``) would "succeed" and change
+    nothing. Read-only fields are declared, so a GET body sent back as a PUT still works.
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                known = ", ".join(name for name, f in self.fields.items() if not f.read_only)
+                raise serializers.ValidationError(
+                    {name: [f"is not a known field (known here: {known})"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class CleanModelSerializer(KnownFieldsOnly, StrictModelSerializer):
     """Runs the model's ``clean()`` so the API and the admin enforce the same rules."""
 
     def validate(self, attrs):
@@ -41,11 +132,15 @@ class _ScopedMixin:
         return queryset.for_tenants(principal_for_request(request).tenant_ids)
 
 
-class ScopedPrimaryKeyField(_ScopedMixin, serializers.PrimaryKeyRelatedField):
-    pass
+class ScopedPrimaryKeyField(JSONTyped, _ScopedMixin, serializers.PrimaryKeyRelatedField):
+    json_types = (int,)
 
 
-class ScopedSlugField(_ScopedMixin, serializers.SlugRelatedField):
+class StrictSlugRelatedField(JSONTyped, serializers.SlugRelatedField):
+    json_types = (str,)
+
+
+class ScopedSlugField(_ScopedMixin, StrictSlugRelatedField):
     pass
 
 

@@ -116,6 +116,14 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
                 # How long a request waits for a pooled connection: with PostgreSQL away
                 # it gets its 503 service_unavailable after this long, not a hang.
                 "timeout": env.float("REACH_DB_POOL_TIMEOUT", default=1.0),
+                # How long the pool keeps retrying one failed connection attempt before it
+                # gives up on it. Its retries back off exponentially (1 s, 2 s, 4 s, ...)
+                # and, while one is pending, no request starts another: with the default
+                # 300 s, an 8 s outage kept the API at 503 for ~7 s after PostgreSQL was
+                # back, a longer one for longer still. Giving up after 1 s lets the next
+                # waiting request start a new attempt at once, so the API is back within
+                # about a second of PostgreSQL (tests/platform/test_degraded.py).
+                "reconnect_timeout": 1.0,
             },
         }
     )
@@ -196,6 +204,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two choice sets are both a field named "kind": name each once.
+    "ENUM_NAME_OVERRIDES": {
+        "CredentialKindEnum": "tenants.choices.CredentialKind",
+        "CapabilityKindEnum": "registry.choices.CapabilityKind",
+    },
 }
 
 LOGGING = {
@@ -222,8 +235,21 @@ LOGGING = {
 # 429 too_many_requests for the rest of the window (reach_platform.auth_throttle);
 # 0 turns the throttle off.
 AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
-# Calls one gateway process runs at once; past it, 503 overloaded with Retry-After at once.
-GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=512)
+# Load shedding (gateway.app.LoadShedder): past either bound a call gets 503 overloaded
+# with Retry-After at once. Measured with bench/overload.py (README, "Overload"):
+#   .venv/bin/python bench/overload.py --caps 64,128,256,512,1024,0 --lags 0 ...
+#   .venv/bin/python bench/overload.py --service-ms 1000 --agent-conns 4096 --factor 3 ...
+# The count guards memory and sockets (~45 KB a call in flight), not the CPU: with a 30 ms
+# agent no cap from 64 to unlimited kept 5x the sustainable load free of client time-outs,
+# and 64 shed a healthy 1x load. A healthy load keeps rate x service time calls open
+# (250/s of a 1 s agent: ~250; one process serves at most ~1,000/s): 1024 leaves
+# headroom; raise it for slower agents (long streams).
+GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
+# The CPU's guard: an event loop late by more than this (ms) three ticks in a row halves the
+# limit on calls in flight until it is on time again (0: off). At 5x for 20 s with
+# 0 / 20 / 50 ms: 2453 / 0 / 428 client time-outs; 20 ms also recovered fastest. 60 s at
+# 5x with 20 ms (bench/overload.py --seconds 60 --after 30): 0 time-outs, 0 504s, 0 lost.
+GATEWAY_MAX_LOOP_LAG_MS = env.float("REACH_GATEWAY_MAX_LOOP_LAG_MS", default=20.0)
 # How long a call waits for a free connection to its agent (the agent's pool max_conns)
 # before 503 upstream_busy.
 GATEWAY_UPSTREAM_WAIT_S = env.float("REACH_GATEWAY_UPSTREAM_WAIT_S", default=1.0)

@@ -64,7 +64,7 @@ class UsagePeriodQuerySerializer(serializers.Serializer):
 
 class UsageReportQuerySerializer(UsagePeriodQuerySerializer):
     group_by = serializers.CharField(
-        required=False, allow_blank=True,
+        required=False,
         help_text=f"Comma-separated subset of {', '.join(GROUP_KEYS)}, in column order. "
         f"Default: {','.join(DEFAULT_GROUP_BY)}.",
     )

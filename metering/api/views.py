@@ -53,7 +53,9 @@ class UsageDailyViewSet(TenantScopedReadOnlyViewSet):
 
 
 def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
-    query = serializer_class(data=request.query_params)
+    # A plain dict, not the QueryDict: DRF reads a blank form value of an optional field
+    # as "not sent", so ``?tenant=`` would report on every tenant instead of being a 400.
+    query = serializer_class(data=request.query_params.dict())
     query.is_valid(raise_exception=True)
     return dict(query.validated_data)
 

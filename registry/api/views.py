@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status, viewsets
@@ -77,7 +77,7 @@ class AgentViewSet(TenantScopedViewSet):
     deleting an agent deregisters it (its instances stop receiving calls at once)."""
 
     queryset = Agent.objects.select_related("namespace", "owner_tenant").prefetch_related(
-        "capabilities", "instances"
+        "capabilities", "instances", "credentials__tenant"
     )
     serializer_class = AgentSerializer
     agent_token_actions = ("list", "retrieve", "destroy")
@@ -198,15 +198,8 @@ class AgentRegisterView(APIView):
         tenant, acting_agent = self._tenant_and_agent(request)
         try:
             spec = self._spec(request.data)
-            with transaction.atomic():
-                registration = agent_register(tenant=tenant, spec=spec, acting_agent=acting_agent)
-                audit_record(
-                    principal=principal_for_request(request), source=AuditSource.API,
-                    action=AuditAction.CREATE if registration.created else AuditAction.UPDATE,
-                    obj=registration.agent,
-                    changes={"format": spec.source_format, "version": spec.version,
-                             "capabilities": [c.capability_id for c in spec.capabilities]},
-                )
+            registration = self._register(request, tenant=tenant, spec=spec,
+                                          acting_agent=acting_agent)
         except DescriptorError as exc:
             raise serializers.ValidationError(exc.problems) from exc
         except RegistrationConflict as exc:
@@ -215,6 +208,33 @@ class AgentRegisterView(APIView):
         return Response(
             body, status=status.HTTP_201_CREATED if registration.created else status.HTTP_200_OK
         )
+
+    def _register(self, request, *, tenant, spec, acting_agent):
+        try:
+            return self._register_once(request, tenant=tenant, spec=spec,
+                                       acting_agent=acting_agent)
+        except IntegrityError:
+            # Two registrations of one new name (or of two spellings of it) raced: neither
+            # found a row to lock, both inserted, and the unique index made this one wait
+            # for the winner's commit and then fail. Run again, it sees the winner's row and
+            # gets what it would have got coming second: the update (200), another tenant's
+            # name (409) or a name differing only in case (400). Once is enough: the row it
+            # collided with is committed now, so a second IntegrityError is not this race.
+            return self._register_once(request, tenant=tenant, spec=spec,
+                                       acting_agent=acting_agent)
+
+    @staticmethod
+    def _register_once(request, *, tenant, spec, acting_agent):
+        with transaction.atomic():
+            registration = agent_register(tenant=tenant, spec=spec, acting_agent=acting_agent)
+            audit_record(
+                principal=principal_for_request(request), source=AuditSource.API,
+                action=AuditAction.CREATE if registration.created else AuditAction.UPDATE,
+                obj=registration.agent,
+                changes={"format": spec.source_format, "version": spec.version,
+                         "capabilities": [c.capability_id for c in spec.capabilities]},
+            )
+        return registration
 
     def _tenant_and_agent(self, request):
         principal = principal_for_request(request)

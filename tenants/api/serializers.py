@@ -7,6 +7,9 @@ from reach_platform.serializers import (
     CleanModelSerializer,
     ScopedPrimaryKeyField,
     ScopedSlugField,
+    StrictCharField,
+    StrictModelSerializer,
+    StrictSlugRelatedField,
     TenantDefault,
 )
 from tenants.choices import ApiKeyScope
@@ -27,14 +30,14 @@ def tenant_field() -> ScopedSlugField:
     )
 
 
-class TenantSerializer(serializers.ModelSerializer):
+class TenantSerializer(StrictModelSerializer):
     class Meta:
         model = Tenant
         fields = ["id", "name", "slug", "is_active", "created_at"]
         read_only_fields = ["id", "created_at"]
 
 
-class ApiKeySerializer(serializers.ModelSerializer):
+class ApiKeySerializer(StrictModelSerializer):
     tenant = tenant_field()
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ApiKeyScope.choices), allow_empty=False,
@@ -65,7 +68,7 @@ class ApiKeyIssuedSerializer(ApiKeySerializer):
 
 
 class GrantSerializer(CleanModelSerializer):
-    tenant = serializers.SlugRelatedField(
+    tenant = StrictSlugRelatedField(
         slug_field="slug", queryset=Tenant.objects.filter(is_active=True),
         help_text="The tenant that may reach the agent or capability (the grantee).",
     )
@@ -87,7 +90,7 @@ class CredentialSerializer(CleanModelSerializer):
 
     tenant = tenant_field()
     agent = ScopedPrimaryKeyField(queryset=_related(Credential, "agent"))
-    secret = serializers.CharField(
+    secret = StrictCharField(
         write_only=True, required=False, allow_blank=False, max_length=8192,
         trim_whitespace=False, style={"input_type": "password"},
         help_text="The downstream secret; stored encrypted. Omit to keep the stored one.",
@@ -99,7 +102,7 @@ class CredentialSerializer(CleanModelSerializer):
         model = Credential
         fields = [
             "id", "tenant", "agent", "kind", "field_name", "secret", "value_env",
-            "client_cert_path", "client_key_path", "has_secret", "secret_source",
+            "client_cert_path", "client_key_path", "ca_file", "has_secret", "secret_source",
             "created_at", "updated_at",
         ]
         read_only_fields = ["id", "created_at", "updated_at"]

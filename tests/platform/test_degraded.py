@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import httpx
@@ -155,3 +156,60 @@ def test_postgresql_away_gives_503_with_retry_after_fast_then_recovers(
             wait_for(all_ok, timeout=30, interval=0.2, message="200 again after the outage")
             for client in (api, agent_client, staff):
                 client.close()
+
+
+def test_readyz_503_carries_retry_after(db, settings):
+    """Every 503 of /readyz says when to ask again, whichever check failed."""
+    from reach_platform import health
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    response = health.readyz(RequestFactory().get("/readyz"))
+    assert response.status_code == 503
+    assert response["Retry-After"] == str(settings.DB_UNAVAILABLE_RETRY_AFTER)
+    settings.REDIS_URL = None
+    assert not health.readyz(RequestFactory().get("/readyz")).has_header("Retry-After")
+
+
+# How long the database stays away in the recovery test. Long enough that psycopg_pool's
+# reconnect backoff (1 s, doubling) has grown past the recovery bound.
+OUTAGE_S = 8.0
+RECOVERY_BOUND_S = 5.0
+
+
+@pytest.mark.skipif(not _POSTGRES, reason="needs PostgreSQL over TCP to cut")
+def test_the_api_recovers_within_seconds_once_postgresql_is_back(transactional_db, tmp_path):
+    tenant = factories.tenant()
+    key = factories.api_key(tenant=tenant).plaintext
+    with Forwarder.for_url(_database_url()) as postgres:
+        env = platform_env(tmp_path, DATABASE_URL=postgres.url(_database_url()),
+                           REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS))
+        port = free_port()
+        with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "log") as base, \
+                httpx.Client(base_url=base, timeout=10,
+                             headers={"Authorization": f"Bearer {key}"}) as api:
+            assert api.get("/api/v1/tenants/").status_code == 200
+            assert postgres.accepted, "the server does not reach PostgreSQL via the forwarder"
+            with postgres.outage():
+                cut_at = time.monotonic()
+                # Keep asking for the whole outage, as clients do: every answer a quick 503.
+                while time.monotonic() - cut_at < OUTAGE_S:
+                    response = api.get("/api/v1/tenants/")
+                    assert response.status_code == 503, response.text
+                    assert response.headers["Retry-After"].isdigit()
+                ready = api.get("/readyz")
+                assert ready.status_code == 503
+                assert ready.headers["Retry-After"].isdigit()
+            restored_at = time.monotonic()
+            statuses: list[int] = []
+
+            def recovered() -> bool:
+                statuses.append(api.get("/api/v1/tenants/").status_code)
+                return statuses[-1] == 200
+
+            wait_for(recovered, timeout=60, interval=0.05, message="200 after the outage")
+            recovery_s = time.monotonic() - restored_at
+            assert set(statuses) <= {200, 503}, statuses
+            print(f"\nrecovered {recovery_s:.2f}s after PostgreSQL returned "
+                  f"({len(statuses)} requests)", file=sys.stderr)
+            assert recovery_s < RECOVERY_BOUND_S, (recovery_s, statuses)
+            assert api.get("/readyz").status_code == 200
