@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import ssl
+import tempfile
 from functools import lru_cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -34,8 +35,24 @@ class Credentials:
             ) from exc
 
     @staticmethod
-    def _ssl_context(cert: str, key: str) -> ssl.SSLContext:
-        context = ssl.create_default_context()
+    def _ssl_context(cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
+        """A client context for mTLS. The key is a file, or an environment variable that
+        holds a path or the PEM text itself (written to a private temporary file only for
+        as long as ``load_cert_chain`` reads it: ssl loads keys from files only)."""
+        context = ssl.create_default_context(cafile=ca_file or None)
+        if key_env:
+            value = os.environ.get(key_env, "")
+            if not value:
+                raise ReachError("internal_error", "The agent's client key variable is unset.")
+            if not value.lstrip().startswith("-----BEGIN"):
+                key = value
+            else:
+                with tempfile.NamedTemporaryFile("w", suffix=".pem") as handle:
+                    os.fchmod(handle.fileno(), 0o600)
+                    handle.write(value)
+                    handle.flush()
+                    context.load_cert_chain(cert, handle.name)
+                return context
         context.load_cert_chain(cert, key)
         return context
 
@@ -53,7 +70,8 @@ class Credentials:
         context = None
         for entry in table.credentials_for(tenant_pk, agent_pk):
             if entry.kind == "mtls":
-                context = self._ssl(entry.client_cert_path, entry.client_key_path)
+                context = self._ssl(entry.client_cert_path, entry.client_key_path,
+                                    entry.value_env, entry.ca_file)
                 continue
             value = self.secret(entry)
             if value is None:

@@ -42,6 +42,7 @@ from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.governance import Governor
 from gateway.http_io import header, read_body, send_bytes, send_json, sse_headers
+from gateway.inputs import Defaults, canonical_input
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
 from gateway.sse import EventFramer, data_of
@@ -119,6 +120,7 @@ class Pipeline:
         self.config = config
         self.router = router
         self.caller = caller
+        self.defaults = Defaults()
         # None only to measure what admission and metering cost (bench/metering.py).
         self.governor = governor
         self.usage = usage
@@ -217,7 +219,8 @@ class Pipeline:
         candidate = decision.chosen
         ctx.candidate = candidate
         capability = candidate.capability
-        payload = call.payload(PROTOCOLS[candidate.agent.protocol])
+        payload = canonical_input(capability, call.payload(PROTOCOLS[candidate.agent.protocol]),
+                                  self.defaults)
         problems = self.caller.validators.errors(capability.input_schema, payload)
         if problems:
             message = "; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items())

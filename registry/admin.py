@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin, messages
 from django.db.models import Count, Q
+from django.utils.html import format_html
 
 from audit.models import AuditAction
 from reach_platform.admin_base import (
@@ -105,7 +108,15 @@ class AgentAdmin(TenantScopedAdmin):
         ]}),
         ("Prices", {"fields": [("price_input_per_1k", "price_output_per_1k", "price_per_call")]}),
         ("Connection pool", {"fields": [("pool_max_connections", "pool_idle_seconds")]}),
+        ("Source", {"fields": ["source_descriptor"], "classes": ["collapse"]}),
     ]
+    readonly_fields = ["source_descriptor"]
+
+    @admin.display(description="last descriptor registered")
+    def source_descriptor(self, obj: Agent):
+        # Secrets are refused in descriptors, so the source is safe to show as sent.
+        return format_html("<pre>{}</pre>", json.dumps(obj.descriptor, indent=2,
+                                                       ensure_ascii=False))
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(

@@ -113,6 +113,9 @@ class Agent(models.Model):
     probe_path = models.CharField(
         max_length=200, default="/healthz", help_text="Path the active health probe GETs."
     )
+    # The last descriptor as its author sent it (secrets are refused there, so none
+    # is stored): informational fields live only here, and GET shows the source.
+    descriptor = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

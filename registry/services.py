@@ -25,9 +25,9 @@ from registry.models import (
     Namespace,
     ParameterSynonym,
 )
-from registry.spec import AgentSpec, CapabilitySpec, DescriptorError
+from registry.spec import AgentSpec, CapabilitySpec, CredentialSpec, DescriptorError
 from routing.table import LoadReport
-from tenants.models import Tenant
+from tenants.models import Credential, Tenant
 
 AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (a prefix, not a secret)
 # A deregistered instance keeps draining this long before its row goes, so
@@ -108,15 +108,40 @@ def agent_register(
     agent.description = spec.description
     agent.protocol = spec.protocol
     agent.team = spec.team or agent.team
-    agent.weight = spec.weight
+    for name in _STATED_IF_GIVEN:
+        if getattr(spec, name) is not None:
+            setattr(agent, name, getattr(spec, name))
     agent.lease_ttl_seconds = spec.lease_ttl_seconds
     agent.heartbeat_interval_seconds = spec.heartbeat_interval_seconds
+    agent.descriptor = spec.document
     _clean(agent, "")
     agent.save()
     _sync_capabilities(agent, spec)
+    if spec.credential is not None:
+        _upsert_credential(agent, spec.credential)
     instance = _upsert_instance(agent, endpoint, now) if endpoint else None
     token = agent_token_issue(agent=agent) if acting_agent is None else None
     return Registration(agent=agent, instance=instance, created=created, token=token)
+
+
+# Agent fields a descriptor may leave unsaid: then an operator's value stays.
+_STATED_IF_GIVEN = ("weight", "priority", "internal_only", "pool_max_connections",
+                    "pool_idle_seconds")
+
+
+def _upsert_credential(agent: Agent, spec: CredentialSpec) -> Credential:
+    """The owner tenant's credential for ``agent`` in the slot the descriptor names."""
+    row = Credential.objects.filter(tenant_id=agent.owner_tenant_id, agent=agent,
+                                    kind=spec.kind, field_name=spec.field_name).first()
+    row = row or Credential(tenant_id=agent.owner_tenant_id, agent=agent, kind=spec.kind,
+                            field_name=spec.field_name)
+    for name in ("value_env", "client_cert_path", "client_key_path", "ca_file"):
+        setattr(row, name, getattr(spec, name))
+    if spec.value_env:
+        row.secret_ciphertext = None  # the environment variable is the secret now
+    _clean(row, "auth")
+    row.save()
+    return row
 
 
 def _clean(row, path: str) -> None:

@@ -109,7 +109,7 @@ def credential_entry(c: Credential) -> CredentialEntry:
             base64.b64encode(bytes(c.secret_ciphertext)).decode() if c.secret_ciphertext else ""
         ),
         value_env=c.value_env, client_cert_path=c.client_cert_path,
-        client_key_path=c.client_key_path,
+        client_key_path=c.client_key_path, ca_file=c.ca_file,
     )
 
 

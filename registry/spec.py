@@ -47,7 +47,30 @@ class CapabilitySpec:
 
 
 @dataclass(frozen=True)
+class CredentialSpec:
+    """How the gateway authenticates to the agent, as the owner tenant's credential.
+
+    Only references: the name of an environment variable the gateway reads
+    (``value_env``) and certificate file paths. Same fields as
+    ``tenants.models.Credential``.
+    """
+
+    kind: str  # tenants.choices.CredentialKind
+    field_name: str = ""
+    value_env: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
+    ca_file: str = ""
+
+
+@dataclass(frozen=True)
 class AgentSpec:
+    """An agent as a descriptor states it.
+
+    ``None`` in the routing and pool fields means "not stated": a new agent gets the
+    model's default and re-registering keeps what an operator set.
+    """
+
     name: str
     version: str = "1.0.0"
     description: str = ""
@@ -57,11 +80,19 @@ class AgentSpec:
     capabilities: tuple[CapabilitySpec, ...] = ()
     # Where the first instance answers; None when the descriptor names no endpoint.
     endpoint: str | None = None
-    weight: int = 100
+    weight: int | None = None
+    priority: int | None = None
+    internal_only: bool | None = None
+    pool_max_connections: int | None = None
+    pool_idle_seconds: int | None = None
+    credential: CredentialSpec | None = None
     lease_ttl_seconds: int = 30
     heartbeat_interval_seconds: int = 10
-    # "json", "yaml" or "a2a": which format this came from, for the audit log.
+    # "json", "yaml", "a2a" or "entry": which format this came from, for the audit log.
     source_format: str = "json"
+    # The document as its author sent it (decoded), stored with the agent so fields
+    # that are only for people (an SLA, a card's icon) are kept and GET shows the source.
+    document: dict = field(default_factory=dict)
 
 
 class DescriptorError(Exception):

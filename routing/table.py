@@ -158,6 +158,7 @@ class CredentialEntry:
     value_env: str = ""
     client_cert_path: str = ""
     client_key_path: str = ""
+    ca_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +221,9 @@ class RouteTable:
     agents_by_capability: Mapping[str, tuple[int, ...]] = field(
         default_factory=_empty, compare=False
     )
+    # "name" and "namespace/name" -> the agents so named (a bare name may repeat across
+    # namespaces): the chat door's ``model`` is looked up here, never by scanning.
+    agents_by_name: Mapping[str, tuple[int, ...]] = field(default_factory=_empty, compare=False)
     api_keys_by_prefix: Mapping[str, ApiKeyEntry] = field(default_factory=_empty, compare=False)
     grants_by_tenant: Mapping[int, tuple[GrantEntry, ...]] = field(
         default_factory=_empty, compare=False
@@ -230,19 +234,29 @@ class RouteTable:
     quotas_by_tenant: Mapping[int, tuple[QuotaEntry, ...]] = field(
         default_factory=_empty, compare=False
     )
+    # Heartbeats' load figures and renewed leases, instance pk -> latest report. Shared,
+    # and written in place, by every version of a process's table: a heartbeat costs one
+    # dict write whatever the fleet size, never a new table (see ``apply_load``).
+    live: dict[int, LoadReport] = field(default_factory=dict, compare=False, repr=False)
 
     def credentials_for(self, tenant_pk: int, agent_pk: int) -> tuple[CredentialEntry, ...]:
         return self.credentials_by_pair.get((tenant_pk, agent_pk), ())
 
     def indexed(self) -> RouteTable:
         by_cap: dict[str, list[int]] = {}
+        by_name: dict[str, list[int]] = {}
         for agent in self.agents.values():
             for cap in agent.capabilities:
                 by_cap.setdefault(cap.capability_id, []).append(agent.pk)
+            by_name.setdefault(agent.name, []).append(agent.pk)
+            by_name.setdefault(f"{agent.namespace}/{agent.name}", []).append(agent.pk)
         return replace(
             self,
             agents_by_capability=types.MappingProxyType(
                 {k: tuple(sorted(v)) for k, v in by_cap.items()}
+            ),
+            agents_by_name=types.MappingProxyType(
+                {k: tuple(sorted(v)) for k, v in by_name.items()}
             ),
             api_keys_by_prefix=types.MappingProxyType(
                 {k.prefix: k for k in self.api_keys.values()}
@@ -269,22 +283,24 @@ class RouteTable:
         return table.indexed() if delta.kind in derived else table
 
     def apply_load(self, report: LoadReport) -> RouteTable:
-        """Fold an unversioned load report into the instance it names, if present."""
-        agent = self.agents.get(report.agent_pk)
-        if agent is None:
-            return self
-        current = next((i for i in agent.instances if i.pk == report.instance_pk), None)
-        if current is None:
-            return self
-        updated = replace(
-            current, cpu=report.cpu, memory=report.memory, queue_depth=report.queue_depth,
-            in_flight=report.in_flight,
-            lease_expires_at=(report.lease_expires_at if report.lease_expires_at is not None
-                              else current.lease_expires_at),
-        )
-        agents = dict(self.agents)
-        agents[agent.pk] = agent.with_instance(updated)
-        return replace(self, agents=types.MappingProxyType(agents))
+        """Fold an unversioned load report in: O(1), in place, the same table returned.
+
+        Nothing structural changes (no index, no intent text, no snapshot): readers see
+        the figures through ``current``."""
+        self.live[report.instance_pk] = report
+        return self
+
+    def current(self, instance: InstanceEntry) -> InstanceEntry:
+        """``instance`` with the load and lease of a heartbeat newer than its row."""
+        report = self.live.get(instance.pk)
+        if report is None:
+            return instance
+        mine, theirs = instance.lease_expires_at, report.lease_expires_at
+        if mine is not None and (theirs is None or theirs < mine):
+            return instance  # the row was read after that heartbeat
+        return replace(instance, cpu=report.cpu, memory=report.memory,
+                       queue_depth=report.queue_depth, in_flight=report.in_flight,
+                       lease_expires_at=theirs if theirs is not None else mine)
 
     def instance(self, instance_pk: int) -> InstanceEntry | None:
         for agent in self.agents.values():

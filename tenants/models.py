@@ -182,6 +182,8 @@ class Credential(models.Model):
     value_env = models.CharField(max_length=128, blank=True)
     client_cert_path = models.CharField(max_length=500, blank=True)
     client_key_path = models.CharField(max_length=500, blank=True)
+    # CA bundle that verifies the agent's server certificate (mTLS); empty = system CAs.
+    ca_file = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -225,10 +227,11 @@ class Credential(models.Model):
                 errors["field_name"] = "Not a header name the gateway may set."
         elif self.field_name:
             errors["field_name"] = "Only header and query credentials have a field name."
+        # The key is a file, or an environment variable holding the PEM text or a path.
         if self.kind == CredentialKind.MTLS and not (
-            self.client_cert_path and self.client_key_path
+            self.client_cert_path and (self.client_key_path or self.value_env)
         ):
-            errors["client_cert_path"] = "mTLS needs a certificate and a key file."
+            errors["client_cert_path"] = "mTLS needs a certificate and a key (file or value_env)."
         if self.value_env and not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", self.value_env):
             errors["value_env"] = "Must be an environment variable name (A-Z, 0-9, _)."
         if errors:

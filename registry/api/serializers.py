@@ -1,13 +1,24 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from reach_platform.serializers import CleanModelSerializer, ScopedPrimaryKeyField
+from reach_platform.serializers import (
+    CleanModelSerializer,
+    KnownFieldsOnly,
+    ScopedPrimaryKeyField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    StrictModelSerializer,
+)
 from registry.models import Agent, Capability, Instance, Namespace, ParameterSynonym
 from tenants.api.serializers import tenant_field
+from tenants.models import Credential
+from tenants.principal import principal_for_request
 
 
-class NamespaceSerializer(serializers.ModelSerializer):
+class NamespaceSerializer(StrictModelSerializer):
     class Meta:
         model = Namespace
         fields = ["id", "name", "description"]
@@ -52,11 +63,39 @@ class InstanceSerializer(CleanModelSerializer):
             raise serializers.ValidationError(str(exc)) from exc
 
 
+class AgentCredentialSerializer(serializers.ModelSerializer):
+    """A credential reference as the agent's reader may see it: where the secret comes
+    from, never the secret."""
+
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    secret_source = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Credential
+        fields = ["id", "tenant", "kind", "field_name", "value_env", "client_cert_path",
+                  "client_key_path", "ca_file", "secret_source"]
+        read_only_fields = fields
+
+
 class AgentSerializer(CleanModelSerializer):
     namespace = serializers.SlugRelatedField(slug_field="name", queryset=Namespace.objects.all())
     owner_tenant = tenant_field()
     capabilities = CapabilitySerializer(many=True, read_only=True)
     instances = InstanceSerializer(many=True, read_only=True)
+    credentials = serializers.SerializerMethodField(
+        help_text="Your tenants' credential references for this agent (never the secrets).")
+    descriptor = serializers.JSONField(
+        read_only=True, help_text="The last descriptor registered, as it was sent.")
+
+    @extend_schema_field(AgentCredentialSerializer(many=True))
+    def get_credentials(self, agent: Agent) -> list[dict]:
+        request = self.context.get("request")
+        if request is None:
+            return []
+        readable = principal_for_request(request).tenant_ids
+        rows = [c for c in agent.credentials.all()
+                if readable is None or c.tenant_id in readable]
+        return AgentCredentialSerializer(rows, many=True).data
 
     class Meta:
         model = Agent
@@ -66,8 +105,8 @@ class AgentSerializer(CleanModelSerializer):
             "price_input_per_1k",
             "price_output_per_1k", "price_per_call", "pool_max_connections",
             "pool_idle_seconds", "heartbeat_interval_seconds",
-            "lease_ttl_seconds", "probe_path", "capabilities", "instances",
-            "created_at", "updated_at",
+            "lease_ttl_seconds", "probe_path", "capabilities", "instances", "credentials",
+            "descriptor", "created_at", "updated_at",
         ]
         read_only_fields = ["id", "created_at", "updated_at"]
 
@@ -95,15 +134,15 @@ class RegistrationSerializer(serializers.Serializer):
     lease_ttl_seconds = serializers.IntegerField(source="agent.lease_ttl_seconds")
 
 
-class HeartbeatSerializer(serializers.Serializer):
-    cpu = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
-    memory = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
-    queue_depth = serializers.IntegerField(min_value=0, default=0)
-    in_flight = serializers.IntegerField(min_value=0, default=0)
-    processed_recent = serializers.IntegerField(min_value=0, default=0)
-    errors_recent = serializers.IntegerField(min_value=0, default=0)
+class HeartbeatSerializer(KnownFieldsOnly, serializers.Serializer):
+    cpu = StrictFloatField(min_value=0.0, max_value=1.0, default=0.0)
+    memory = StrictFloatField(min_value=0.0, max_value=1.0, default=0.0)
+    queue_depth = StrictIntegerField(min_value=0, default=0)
+    in_flight = StrictIntegerField(min_value=0, default=0)
+    processed_recent = StrictIntegerField(min_value=0, default=0)
+    errors_recent = StrictIntegerField(min_value=0, default=0)
     capabilities_available = serializers.ListField(
-        child=serializers.CharField(max_length=128), required=False, max_length=1000,
+        child=StrictCharField(max_length=128), required=False, max_length=1000,
         help_text="Capability ids this instance serves now; omit to leave unchanged.",
     )
 

@@ -9,6 +9,7 @@ keyed by where they sit in the document the author wrote (``capabilities[2].time
 from __future__ import annotations
 
 import copy
+import math
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -21,7 +22,8 @@ from rest_framework.exceptions import ParseError
 
 from reach_platform.parsers import MAX_DEPTH, check_document
 from registry.descriptors import schemas
-from registry.spec import AgentSpec, CapabilitySpec, DescriptorError
+from registry.descriptors.flat import as_json_schema
+from registry.spec import AgentSpec, CapabilitySpec, CredentialSpec, DescriptorError
 
 Problems = dict[str, list[str]]
 # A capability on its way to a CapabilitySpec: the path its id is reported at,
@@ -63,7 +65,8 @@ def parse_json_descriptor(data: object) -> AgentSpec:
     problems = _schema_problems(schemas.JSON_DESCRIPTOR_SCHEMA, data)
     if not isinstance(data, dict):
         raise DescriptorError(problems)
-    caps = [_json_capability(i, c) for i, c in _dicts(data.get("capabilities"))]
+    caps = [_json_capability(f"capabilities[{i}]", c, problems)
+            for i, c in _dicts(data.get("capabilities"))]
     reach = _obj(data.get("reach"))
     endpoint = reach.get("endpoint")
     if reach.get("use_tls") is True and isinstance(endpoint, str):
@@ -73,16 +76,61 @@ def parse_json_descriptor(data: object) -> AgentSpec:
         "name": data.get("agent_id", data.get("name")),
         "version": data.get("version"),
         "description": data.get("description"),
-        "protocol": reach.get("protocol"),
         "namespace": data.get("namespace"),
         "team": data.get("team"),
+        **_reached(reach, "reach", problems),
         "endpoint": endpoint,
         "weight": reach.get("weight"),
+        "priority": reach.get("priority"),
         "lease_ttl_seconds": ttl,
         "heartbeat_interval_seconds": interval,
         "source_format": "json",
     }
-    return _finish(agent, caps, problems)
+    return _finish(agent, caps, problems, data)
+
+
+def parse_agent_entry(data: object) -> AgentSpec:
+    """Parse an operator's agent entry: one item of an ``agents:`` list, or the list
+    holding exactly one. The field-report form: top-level ``endpoint``, ``protocol``
+    (``openai-compatible``, ``raw-http`` …), ``capabilities`` as ids or objects,
+    ``internal_only``, ``auth``, ``pool`` and ``routing``. Raises ``DescriptorError``.
+    """
+    at = ""
+    if isinstance(data, dict) and "agents" in data:
+        entries = data.get("agents")
+        if set(data) != {"agents"}:
+            extra = sorted(set(data) - {"agents"})
+            raise DescriptorError({k: ["is not a known field (beside agents)"] for k in extra})
+        if not isinstance(entries, list) or len(entries) != 1:
+            raise DescriptorError({"agents": ["must list exactly one agent per registration"]})
+        data, at = entries[0], "agents[0]"
+    problems = _prefixed(_schema_problems(schemas.AGENT_ENTRY_SCHEMA, data), at)
+    if not isinstance(data, dict):
+        raise DescriptorError(problems)
+    prefix = f"{at}." if at else ""
+    caps = []
+    for i, c in enumerate(data.get("capabilities") or ()):
+        if isinstance(c, str):
+            caps.append((f"{prefix}capabilities[{i}]", {"capability_id": c}, {}))
+        elif isinstance(c, dict):
+            caps.append(_json_capability(f"{prefix}capabilities[{i}]", c, problems))
+    ttl, interval = _liveness(data.get("liveness"), problems, f"{prefix}liveness")
+    routing = _obj(data.get("routing"))
+    agent = {
+        "name": data.get("name"),
+        "version": data.get("version"),
+        "description": data.get("description"),
+        "namespace": data.get("namespace"),
+        "team": data.get("team"),
+        **_reached(data, at, problems),
+        "endpoint": data.get("endpoint"),
+        "weight": routing.get("weight"),
+        "priority": routing.get("priority"),
+        "lease_ttl_seconds": ttl,
+        "heartbeat_interval_seconds": interval,
+        "source_format": "entry",
+    }
+    return _finish(agent, caps, problems, data)
 
 
 def parse_capability_yaml(text: str) -> AgentSpec:
@@ -109,10 +157,14 @@ def parse_capability_yaml(text: str) -> AgentSpec:
                                      f"{MAX_DEPTH} levels deep"]}) from None
     if problems:
         raise DescriptorError(problems)
+    if isinstance(data, dict) and ("agents" in data or "protocol" in data):
+        return parse_agent_entry(data)
     problems = _schema_problems(schemas.CAPABILITY_YAML_SCHEMA, data)
     if not isinstance(data, dict):
         raise DescriptorError(problems)
     language = data.get("language")
+    if not (isinstance(language, str) and _natural_language(language)):
+        language = None  # what the agent is written in: kept with the document only
     protocol: str | None = None
     caps: list[_RawCapability] = []
     for i, c in _dicts(data.get("capabilities")):
@@ -126,10 +178,11 @@ def parse_capability_yaml(text: str) -> AgentSpec:
             "kind": c.get("type"),
             "path": first.get("path"),
         }
+        _flatten_schemas(at, fields, problems)
         languages = fields["languages"]
         if isinstance(language, str) and isinstance(languages or [], list):
             fields["languages"] = [language, *(languages or [])]
-        caps.append((f"{at}.id", fields, _schema_checks(at, c)))
+        caps.append((f"{at}.id", fields, _schema_checks(at, fields)))
         found = first.get("protocol")
         if isinstance(found, str) and protocol is None:
             protocol = found
@@ -149,7 +202,7 @@ def parse_capability_yaml(text: str) -> AgentSpec:
         "heartbeat_interval_seconds": interval,
         "source_format": "yaml",
     }
-    return _finish(agent, caps, problems)
+    return _finish(agent, caps, problems, data)
 
 
 def parse_agent_card(card: object) -> AgentSpec:
@@ -178,7 +231,8 @@ def parse_agent_card(card: object) -> AgentSpec:
             "kind": extension.get("kind", "stream" if streaming else "sync"),
             "path": extension.get("path"),
         }
-        caps.append((f"{at}.id", fields, _schema_checks(f"{at}.x-reach", extension)))
+        _flatten_schemas(f"{at}.x-reach", fields, problems)
+        caps.append((f"{at}.id", fields, _schema_checks(f"{at}.x-reach", fields)))
     agent = {
         "name": _folded(card.get("name"), 100, "name", problems),
         "version": card.get("version"),
@@ -188,20 +242,24 @@ def parse_agent_card(card: object) -> AgentSpec:
         "endpoint": card.get("url"),
         "source_format": "a2a",
     }
-    return _finish(agent, caps, problems)
+    return _finish(agent, caps, problems, card)
 
 
 def detect_and_parse(body: object) -> AgentSpec:
     """Parse ``body`` in whichever format it is.
 
-    Text is ``capability.yaml``; a mapping with ``skills`` is an Agent Card;
-    anything else is treated as a JSON descriptor (so a non-mapping is reported
-    as ``$: must be an object``).
+    Text is ``capability.yaml`` (or an operator's entry written in YAML); a mapping
+    with ``skills`` is an Agent Card; one with ``agents`` or a top-level ``endpoint``
+    or ``protocol`` is an operator's entry; anything else is treated as a JSON
+    descriptor (so a non-mapping is reported as ``$: must be an object``).
     """
     if isinstance(body, str):
         return parse_capability_yaml(body)
     if isinstance(body, dict) and "skills" in body:
         return parse_agent_card(body)
+    if isinstance(body, dict) and ("agents" in body or "endpoint" in body
+                                   or "protocol" in body):
+        return parse_agent_entry(body)
     return parse_json_descriptor(body)
 
 
@@ -221,6 +279,18 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     """Turn one jsonschema error into (path, message) pairs an author can act on."""
     where = list(error.absolute_path)
     keyword, value, schema = error.validator, error.validator_value, error.schema
+    if keyword == "additionalProperties" and value is False:
+        # Each unknown key at its own path, with what would have been understood.
+        known = ", ".join(schema.get("properties", {}))
+        return [(_path([*where, key]), _SECRET_HINT if key.lower() in _SECRET_WORDS
+                 and "value_env" in known else f"is not a known field (known here: {known})")
+                for key in error.instance if key not in schema.get("properties", {})]
+    if keyword == "enum" and where and where[-1] == "protocol" and error.instance == "grpc":
+        return [(_path(where), "grpc is not supported: the gateway speaks http (raw-http), "
+                               "openai (openai-compatible) and a2a")]
+    if keyword == "enum" and where and where[-1] == "method":
+        return [(_path(where), "must be POST: the gateway always POSTs to a capability's "
+                               "path (gRPC method names are not supported)")]
     if keyword == "required":
         # Reported at the missing field itself: that is where the author must add it.
         return [(_path([*where, p]), "is required") for p in value if p not in error.instance]
@@ -248,6 +318,14 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     return [(_path(where), message)]
 
 
+_SECRET_WORDS = frozenset({"value", "token", "secret", "password", "api_key", "apikey"})
+# A message, not a secret (S105 reads the name).
+_SECRET_HINT = (
+    "secrets are not accepted in a descriptor: put it in an environment variable "  # noqa: S105
+    "of the gateway and name that variable in value_env"
+)
+
+
 def _lone_required(schema: object) -> bool:
     """Whether ``schema`` is ``{"required": [one_name]}``, an alternative of "x or y"."""
     return (
@@ -255,7 +333,8 @@ def _lone_required(schema: object) -> bool:
     )
 
 
-def _finish(agent: dict[str, Any], caps: list[_RawCapability], problems: Problems) -> AgentSpec:
+def _finish(agent: dict[str, Any], caps: list[_RawCapability], problems: Problems,
+            document: dict[str, Any]) -> AgentSpec:
     """Run the cross-capability checks, then build the spec if nothing is wrong."""
     seen: dict[str, str] = {}
     for id_path, fields, checks in caps:
@@ -270,6 +349,9 @@ def _finish(agent: dict[str, Any], caps: list[_RawCapability], problems: Problem
     if problems:
         raise DescriptorError(problems)
     agent["capabilities"] = tuple(_capability(fields) for _, fields, _ in caps)
+    agent["protocol"] = schemas.PROTOCOL_ALIASES.get(agent.get("protocol"),
+                                                     agent.get("protocol"))
+    agent["document"] = copy.deepcopy(document)
     agent |= {key: _text(agent.get(key)) for key in ("description", "team")}
     agent |= {key: _int(agent.get(key)) for key in _AGENT_INTS if key in agent}
     return AgentSpec(**_given(agent))
@@ -283,7 +365,8 @@ def _check_json_schema(path: str, schema: dict[str, Any], problems: Problems) ->
         _add(problems, path, f"not a valid JSON Schema: {exc.message}{inner}")
 
 
-def _liveness(raw: object, problems: Problems) -> tuple[int | None, int | None]:
+def _liveness(raw: object, problems: Problems,
+              at: str = "liveness") -> tuple[int | None, int | None]:
     """Lease TTL and heartbeat interval; the TTL defaults to cover three intervals.
 
     A TTL of at least three intervals lets an instance miss two heartbeats before its lease
@@ -299,7 +382,7 @@ def _liveness(raw: object, problems: Problems) -> tuple[int | None, int | None]:
     elif _is_int(ttl) and ttl < 3 * effective:
         _add(
             problems,
-            "liveness.ttl_seconds",
+            f"{at}.ttl_seconds",
             # Spelled by name: ruff (RUF001) flags the literal sign as a look-alike of 'x'.
             f"must be at least 3 \N{MULTIPLICATION SIGN} heartbeat_interval_seconds "
             f"({3 * effective}) so two missed heartbeats do not expire the lease",
@@ -310,18 +393,113 @@ def _liveness(raw: object, problems: Problems) -> tuple[int | None, int | None]:
 # -- building -----------------------------------------------------------------
 
 
-def _json_capability(i: int, c: dict[str, Any]) -> _RawCapability:
-    at = f"capabilities[{i}]"
+def _json_capability(at: str, c: dict[str, Any], problems: Problems) -> _RawCapability:
     fields = {"capability_id": c.get("id", c.get("type")), **_described(c), **_reach_fields(c)}
     fields |= {"kind": c.get("kind"), "path": c.get("path")}
-    checks = _schema_checks(at, c)
     params = c.get("params")
     if fields["input_schema"] is None and isinstance(params, dict):
-        fields["input_schema"] = {"type": "object", "properties": params}
-        # Report each parameter where the author wrote it, not at a schema they never wrote.
-        del checks[f"{at}.input_schema"]
-        checks |= {f"{at}.params.{name}": schema for name, schema in params.items()}
-    return f"{at}.id", fields, checks
+        # ``params`` is the flat form under another name; converted and checked as one.
+        converted = as_json_schema(params, f"{at}.params", problems, force_flat=True)
+        fields["input_schema"] = converted
+        # Each parameter checked where the author wrote it, not at a schema they never wrote.
+        checks = {f"{at}.params.{name}": schema
+                  for name, schema in converted["properties"].items()}
+        return f"{at}.id", fields, {**checks, f"{at}.output_schema": fields["output_schema"]}
+    _flatten_schemas(at, fields, problems)
+    return f"{at}.id", fields, _schema_checks(at, fields)
+
+
+def _flatten_schemas(at: str, fields: dict[str, Any], problems: Problems) -> None:
+    """Convert flat-form input/output schemas (``field: {type, required}``) in place."""
+    for key in ("input_schema", "output_schema"):
+        if isinstance(fields.get(key), dict):
+            fields[key] = as_json_schema(fields[key], f"{at}.{key}", problems)
+
+
+def _reached(src: dict[str, Any], at: str, problems: Problems) -> dict[str, Any]:
+    """How the agent is reached: protocol, internal-only, pool and credential, from a
+    JSON descriptor's ``reach`` block or an operator's entry."""
+    prefix = f"{at}." if at else ""
+    pool = _obj(src.get("pool"))
+    idle = pool.get("idle_timeout")
+    return {
+        "protocol": src.get("protocol"),
+        "internal_only": src.get("internal_only"),
+        "pool_max_connections": pool.get("max_conns"),
+        "pool_idle_seconds": _seconds(idle) if idle is not None else None,
+        "credential": _credential(src.get("auth"), f"{prefix}auth", problems),
+    }
+
+
+# auth.type -> (the credential kind, fields it needs, fields it may have)
+_AUTH_FIELDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "header": ("header", ("key", "value_env"), ()),
+    "query": ("query", ("key", "value_env"), ()),
+    "bearer": ("bearer", ("value_env",), ()),
+    "cert": ("mtls", ("client_cert",), ("ca_file", "client_key", "client_key_env")),
+}
+
+
+def _credential(raw: object, at: str, problems: Problems) -> CredentialSpec | None:
+    """The owner tenant's credential an ``auth`` block describes (schema already checked)."""
+    if not isinstance(raw, dict) or raw.get("type") not in _AUTH_FIELDS:
+        return None
+    auth = dict(raw)
+    if "token_env" in auth and auth.get("type") == "bearer":
+        auth.setdefault("value_env", auth.pop("token_env"))
+    kind, needed, optional = _AUTH_FIELDS[auth["type"]]
+    for name in needed:
+        if not auth.get(name):
+            _add(problems, f"{at}.{name}", f"is required for type {auth['type']}")
+    if kind == "mtls" and bool(auth.get("client_key")) == bool(auth.get("client_key_env")):
+        _add(problems, f"{at}.client_key_env",
+             "give exactly one of client_key (a file) and client_key_env")
+    known = schemas._DEFS["auth"]["properties"]
+    for name in (set(auth) & set(known)) - {"type", *needed, *optional}:
+        _add(problems, f"{at}.{name}", f"does not apply to type {auth['type']}")
+    return CredentialSpec(
+        kind=kind,
+        field_name=auth.get("key", "") if kind in ("header", "query") else "",
+        value_env=auth.get("value_env") or auth.get("client_key_env") or "",
+        client_cert_path=auth.get("client_cert", ""),
+        client_key_path=auth.get("client_key", ""),
+        ca_file=auth.get("ca_file", ""),
+    )
+
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def _seconds(raw: object) -> int | None:
+    """``90``, ``"90s"``, ``"2m"`` or ``"1500ms"`` as whole seconds (at least 1)."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str) and (found := re.fullmatch(r"([0-9.]+)(ms|s|m|h)?", raw)):
+        try:
+            value = float(found[1]) * _UNIT_SECONDS[found[2] or "s"]
+        except ValueError:
+            return None
+    else:
+        return None
+    return max(1, math.ceil(value))
+
+
+# Words a capability.yaml's ``language`` uses for what the agent is written in; they
+# look like language codes (go, js) but are not natural languages.
+_PROGRAMMING_LANGUAGES = frozenset({"go", "js", "ts", "c", "cpp", "cs", "rs", "py", "rb"})
+
+
+def _natural_language(value: str) -> bool:
+    return (re.fullmatch(schemas.LANGUAGE_PATTERN, value) is not None
+            and value.lower() not in _PROGRAMMING_LANGUAGES)
+
+
+def _prefixed(problems: Problems, at: str) -> Problems:
+    """Problems found inside ``at`` (an entry of an ``agents`` list) keyed from the top."""
+    if not at:
+        return problems
+    return {at if p == "$" else f"{at}{'' if p.startswith('[') else '.'}{p}": m
+            for p, m in problems.items()}
 
 
 def _described(src: dict[str, Any]) -> dict[str, Any]:
@@ -350,18 +528,19 @@ def _schema_checks(at: str, src: dict[str, Any]) -> dict[str, Any]:
     return {f"{at}.{key}": src.get(key) for key in ("input_schema", "output_schema")}
 
 
+
 def _capability(fields: dict[str, Any]) -> CapabilitySpec:
     """Build from fields that passed validation; copies schemas so the spec aliases nothing."""
-    directions = fields["directions"]
+    directions = fields.get("directions")
     built = {
         **fields,
-        "display_name": _text(fields["display_name"]),
-        "description": _text(fields["description"]),
-        "keywords": _unique(fields["keywords"]),
-        "languages": _unique(fields["languages"]),
+        "display_name": _text(fields.get("display_name")),
+        "description": _text(fields.get("description")),
+        "keywords": _unique(fields.get("keywords")),
+        "languages": _unique(fields.get("languages")),
         "directions": _unique([directions] if isinstance(directions, str) else directions),
-        "input_schema": copy.deepcopy(fields["input_schema"]),
-        "output_schema": copy.deepcopy(fields["output_schema"]),
+        "input_schema": copy.deepcopy(fields.get("input_schema")),
+        "output_schema": copy.deepcopy(fields.get("output_schema")),
         "adapter": copy.deepcopy(fields.get("adapter")),
     }
     built |= {key: _int(built[key]) for key in _CAPABILITY_INTS if key in built}

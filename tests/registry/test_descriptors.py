@@ -128,7 +128,10 @@ def test_invalid_example_lists_every_problem_in_one_error() -> None:
     assert problems["name"] == ["is required (or agent_id)"]
     assert problems["capabilities[0].kind"] == ["must be one of: sync, stream, async"]
     assert problems["capabilities[1].input_schema"] == ["must be an object"]
-    assert problems["reach.protocol"] == ["must be one of: openai, http, a2a"]
+    assert problems["reach.protocol"] == [
+        "grpc is not supported: the gateway speaks http (raw-http), openai (openai-compatible) "
+        "and a2a"
+    ]
     assert problems["reach.endpoint"] == ["must be an http:// or https:// URL"]
     assert "liveness.ttl_seconds" in problems
     assert len(problems) == 7
@@ -239,11 +242,45 @@ def test_use_tls_upgrades_an_http_endpoint() -> None:
     assert parse_json_descriptor(_descriptor(reach=reach)).endpoint == "http://10.0.0.5:9101/v1"
 
 
-def test_agent_id_wins_over_name_and_unknown_keys_are_ignored() -> None:
-    spec = parse_json_descriptor(_descriptor(agent_id="echo-2", owner="someone", x_custom={}))
+def test_agent_id_wins_over_name() -> None:
+    spec = parse_json_descriptor(_descriptor(agent_id="echo-2"))
 
     assert spec.name == "echo-2"
     assert spec.namespace == "default"
+
+
+def test_unknown_keys_are_refused_at_their_own_paths_in_every_format() -> None:
+    """Nothing an author wrote is dropped without a word: a key the registry does not
+    understand is a 400 naming it, at any depth and in every format."""
+    json_problems = _problems(parse_json_descriptor, _descriptor(
+        owner="someone",
+        reach={"endpoint": "http://127.0.0.1:9000/", "wieght": 3},
+        capabilities=[{"id": "echo.text", "rate_limit": {"qps": 1, "bursts": 2}}],
+    ))
+    yaml_problems = _problems(parse_capability_yaml, (
+        "name: echo\nmetadata: {owner_team: t, oncall: me}\n"
+        "capabilities:\n  - {id: echo.text, endpoints: [{path: /e, verb: POST}]}\n"))
+    card_problems = _problems(parse_agent_card, {
+        "name": "echo", "url": "http://127.0.0.1:9000/", "colour": "red",
+        "skills": [{"id": "e", "name": "E", "x-reach": {"timeout": 5}}]})
+
+    assert set(json_problems) == {"owner", "reach.wieght", "capabilities[0].rate_limit.bursts"}
+    assert all(m[0].startswith("is not a known field") for m in json_problems.values())
+    assert "weight" in json_problems["reach.wieght"][0]  # says what would have been understood
+    assert set(yaml_problems) == {"metadata.oncall", "capabilities[0].endpoints[0].verb"}
+    assert set(card_problems) == {"colour", "skills[0].x-reach.timeout"}
+
+
+def test_an_a2a_cards_standard_fields_are_accepted_and_kept_with_the_document() -> None:
+    card = {"name": "echo", "url": "http://127.0.0.1:9000/", "protocolVersion": "0.3.0",
+            "preferredTransport": "JSONRPC", "iconUrl": "http://127.0.0.1:9000/i.png",
+            "securitySchemes": {}, "capabilities": {"streaming": True, "pushNotifications": False},
+            "skills": [{"id": "echo", "name": "Echo", "examples": ["hi"], "security": []}]}
+
+    spec = parse_agent_card(card)
+
+    assert spec.document == card
+    assert spec.capabilities[0].kind == "stream"
 
 
 def test_params_become_the_input_schema_when_none_is_given() -> None:
@@ -253,6 +290,9 @@ def test_params_become_the_input_schema_when_none_is_given() -> None:
 
     assert spec.capability_id == "echo.text"
     assert spec.input_schema == {"type": "object", "properties": {"text": {"type": "string"}}}
+    flat = {"id": "echo.text", "params": {"text": {"type": "string", "required": True}}}
+    (spec,) = parse_json_descriptor(_descriptor(capabilities=[flat])).capabilities
+    assert spec.input_schema["required"] == ["text"]
     bad = {"id": "echo.text", "params": {"text": {"type": 5}}}
     assert "capabilities[0].params.text" in _problems(
         parse_json_descriptor, _descriptor(capabilities=[bad])
@@ -299,7 +339,7 @@ language: de
 capabilities:
   - id: echo.text
     languages: [fr, de]
-    endpoints: [{path: /echo, protocol: openai, method: PUT}]
+    endpoints: [{path: /echo, protocol: openai, method: POST}]
 """
     spec = parse_capability_yaml(text)
 
@@ -308,9 +348,9 @@ capabilities:
     assert (cap.languages, cap.path) == (("de", "fr"), "/echo")
 
 
-def test_a_declared_method_is_accepted_and_ignored() -> None:
-    """Earlier descriptors declared an HTTP method; the gateway always POSTs, so any
-    value parses and the spec is the one without it."""
+def test_a_declared_method_must_be_post() -> None:
+    """The gateway always POSTs to a capability's path. Saying so is fine; any other
+    method (or a gRPC method name) would be silently ignored, so it is refused."""
     yaml_text = "name: echo\ncapabilities:\n  - id: echo.text\n    endpoints: [{path: /echo%s}]\n"
     card = {"name": "echo", "url": "http://127.0.0.1:9000/",
             "skills": [{"id": "echo.text", "name": "Echo", "x-reach": {"path": "/echo"}}]}
@@ -318,12 +358,15 @@ def test_a_declared_method_is_accepted_and_ignored() -> None:
     with_method["skills"][0]["x-reach"]["method"] = "DELETE"
 
     assert parse_json_descriptor(
-        _descriptor(capabilities=[{"id": "echo.text", "method": "GET"}])
-    ) == parse_json_descriptor(_descriptor())
-    assert parse_capability_yaml(yaml_text % ", method: PUT") == parse_capability_yaml(
-        yaml_text % ""
-    )
-    assert parse_agent_card(with_method) == parse_agent_card(card)
+        _descriptor(capabilities=[{"id": "echo.text", "method": "POST"}])
+    ).capabilities == parse_json_descriptor(_descriptor()).capabilities
+    assert parse_capability_yaml(yaml_text % ", method: post").capabilities == (
+        parse_capability_yaml(yaml_text % "").capabilities)
+    assert list(_problems(parse_json_descriptor, _descriptor(
+        capabilities=[{"id": "echo.text", "method": "GET"}]))) == ["capabilities[0].method"]
+    assert "must be POST" in _problems(parse_capability_yaml, yaml_text % ", method: Summarize")[
+        "capabilities[0].endpoints[0].method"][0]
+    assert list(_problems(parse_agent_card, with_method)) == ["skills[0].x-reach.method"]
 
 
 def test_yaml_protocols_must_agree() -> None:
