@@ -118,10 +118,10 @@ def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, na
                          "(or send the X-Reach-Intent header).")
     if model.startswith("capability:"):
         return RouteRequest(capability=model.split(":", 1)[1], **base)
-    for agent in table.agents.values():
+    for pk in table.agents_by_name.get(model, ()):
+        agent = table.agents[pk]
         # Another tenant's private agent is answered exactly like one that does not exist.
-        if model in (agent.name, f"{agent.namespace}/{agent.name}") and agent.capabilities \
-                and visible_to(table, tenant_pk, agent, agent.capabilities[0]):
+        if agent.capabilities and visible_to(table, tenant_pk, agent, agent.capabilities[0]):
             return RouteRequest(capability=agent.capabilities[0].capability_id, agent=model,
                                 **base)
     raise ReachError("no_capability", f"No agent is named {model!r}.")

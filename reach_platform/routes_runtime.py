@@ -6,6 +6,7 @@ once; it keeps the table current from then on in background threads.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 
@@ -81,9 +82,19 @@ class RouteRuntime:
                 logger.exception("route table check failed")
 
 
+def database_identity() -> str:
+    """Which database a route table comes from, known without reaching it: a snapshot
+    file is a fallback for when the database is down, so the check cannot ask it."""
+    db = settings.DATABASES["default"]
+    parts = (db["ENGINE"], str(db.get("HOST") or ""), str(db.get("PORT") or ""),
+             str(db["NAME"]))
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
 def start_route_subscriber(snapshot_path=None) -> RouteRuntime:
     subscriber = RouteTableSubscriber(
         loader=_load, current_version=_version,
         snapshot_path=snapshot_path or settings.DATA_DIR / "routes.json",
+        identity=database_identity(),
     )
     return RouteRuntime(subscriber).start()

@@ -10,7 +10,9 @@ Failure modes it is built for:
 - the database (the loader) unreachable: the last good table keeps serving and
   the reload is retried at the next check;
 - a cold start with the database down: the table persisted to
-  ``snapshot_path`` is loaded instead.
+  ``snapshot_path`` is loaded instead, but only a file written for the same
+  database (``identity``): a table left by another database's run would route
+  callers to agents this one never registered.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -43,12 +46,16 @@ class RouteTableSubscriber:
         loader: Callable[[], RouteTable],
         current_version: Callable[[], int] | None = None,
         snapshot_path: Path | None = None,
+        identity: str = "",
     ) -> None:
         """``loader`` builds the whole table (from the database); ``current_version`` asks
-        only for the latest version, cheaply, for the periodic check."""
+        only for the latest version, cheaply, for the periodic check. ``identity`` names
+        the database the table comes from; it is written into the snapshot file and a
+        file with another (or none) is refused."""
         self._loader = loader
         self._current_version = current_version
         self._snapshot_path = snapshot_path
+        self._identity = identity
         self._lock = threading.RLock()
         self._dirty = False
         self.table = RouteTable()
@@ -88,7 +95,7 @@ class RouteTableSubscriber:
         kind = message.get("type")
         with self._lock:
             if kind == "load":
-                self._swap(self.table.apply_load(load_from_wire(message)), persist=False)
+                self.table.apply_load(load_from_wire(message))  # O(1), no swap
                 return
             if kind != "delta":
                 return
@@ -158,6 +165,10 @@ class RouteTableSubscriber:
             self.reloads += 1
             self.stale = False
             self._swap(table)
+            # Forget instances that are gone (the only place the live map shrinks).
+            present = {i.pk for a in table.agents.values() for i in a.instances}
+            for pk in [pk for pk in self.table.live if pk not in present]:
+                del self.table.live[pk]
         self.reconnected()
         self.persist_if_dirty()
         return True
@@ -169,7 +180,7 @@ class RouteTableSubscriber:
             return
         with self._lock:
             table, self._dirty = self.table, False
-        data = orjson.dumps(table_to_wire(table))
+        data = orjson.dumps({"identity": self._identity, "table": table_to_wire(table)})
         directory = self._snapshot_path.parent
         directory.mkdir(parents=True, exist_ok=True)
         # Write then rename: a crash mid-write never leaves a torn snapshot behind.
@@ -186,7 +197,12 @@ class RouteTableSubscriber:
 
     def _read_snapshot(self) -> RouteTable | None:
         try:
-            return table_from_wire(orjson.loads(self._snapshot_path.read_bytes()))
+            data = orjson.loads(self._snapshot_path.read_bytes())
+            if not isinstance(data, dict) or data.get("identity") != self._identity:
+                logger.warning("route table: %s belongs to another database; not serving it",
+                               self._snapshot_path)
+                return None
+            return table_from_wire(data["table"])
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -194,6 +210,9 @@ class RouteTableSubscriber:
             return None
 
     def _swap(self, table: RouteTable, *, persist: bool = True) -> None:
+        if table.live is not self.table.live:
+            # One live map for every version: heartbeats since the last version still count.
+            table = replace(table, live=self.table.live)
         self.table = table
         if persist:
             self._dirty = True

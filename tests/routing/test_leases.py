@@ -88,5 +88,5 @@ def test_an_entry_without_a_lease_is_routed_and_old_load_reports_still_parse():
     report = load_from_wire(types.MappingProxyType(wire))
     assert report.lease_expires_at is None
     applied = table(a).apply_load(report)
-    entry = applied.agents[a.pk].instances[0]
+    entry = applied.current(applied.agents[a.pk].instances[0])
     assert entry.cpu == 0.5 and entry.lease_expires_at is None

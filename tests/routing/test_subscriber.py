@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -62,9 +63,9 @@ def source() -> Source:
     return Source()
 
 
-def make(source: Source, path=None) -> RouteTableSubscriber:
+def make(source: Source, path=None, identity: str = "db-a") -> RouteTableSubscriber:
     return RouteTableSubscriber(loader=source.load, current_version=source.version,
-                                snapshot_path=path)
+                                snapshot_path=path, identity=identity)
 
 
 def test_deltas_apply_in_order_without_reloading(source):
@@ -138,6 +139,30 @@ def test_cold_start_from_the_snapshot_file(source, tmp_path):
     assert set(second.table.agents) == {1, 2, 3} and not second.stale
 
 
+def test_a_snapshot_written_for_another_database_is_never_served(source, tmp_path):
+    path = tmp_path / "routes.json"
+    first = make(source, path, identity="db-a")
+    first.start()
+    first.handle(source.upsert(agent(1)))
+    first.persist_if_dirty()
+    assert path.exists()
+    source.down = True
+
+    foreign = make(source, path, identity="db-b")
+
+    assert foreign.start() == RouteTable()
+    assert foreign.stale
+    # The same database's next process does use it.
+    assert make(source, path, identity="db-a").start().agents.keys() == {1}
+
+
+def test_a_snapshot_without_an_identity_is_refused(source, tmp_path):
+    path = tmp_path / "routes.json"
+    path.write_text('{"version": 3, "agents": []}')  # the format before identities
+    source.down = True
+    assert make(source, path).start() == RouteTable()
+
+
 def test_a_torn_snapshot_file_is_ignored(source, tmp_path):
     path = tmp_path / "routes.json"
     path.write_text('{"version": 3, "agents": [')
@@ -152,12 +177,48 @@ def test_load_reports_change_figures_without_a_version(source):
     sub.handle(source.upsert(agent(1)))
     sub.handle(load_to_wire(LoadReport(agent_pk=1, instance_pk=100, cpu=0.7, memory=0.2,
                                        queue_depth=3, in_flight=1)))
-    inst = sub.table.agents[1].instances[0]
+    inst = sub.table.current(sub.table.agents[1].instances[0])
     assert (inst.cpu, inst.queue_depth, sub.table.version) == (0.7, 3, 1)
     # a report for an instance that is not there changes nothing
     sub.handle(load_to_wire(LoadReport(agent_pk=9, instance_pk=9, cpu=1, memory=1,
                                        queue_depth=1, in_flight=1)))
     assert set(sub.table.agents) == {1}
+
+
+def test_a_load_report_costs_one_write_not_a_new_table(source, tmp_path):
+    """Heartbeats arrive at fleet rate: applying one must not copy the table, re-index
+    it, wake the listeners (intent index, pools) or dirty the snapshot."""
+    sub = make(source, tmp_path / "routes.json")
+    sub.start()
+    sub.handle(source.upsert(agent(1)))
+    sub.handle(source.upsert(agent(2)))
+    swaps: list[RouteTable] = []
+    sub.on_change(swaps.append)
+    before = sub.table
+    sub.persist_if_dirty()
+
+    for n in range(50):
+        sub.handle(load_to_wire(LoadReport(agent_pk=1, instance_pk=100, cpu=n / 100,
+                                           memory=0.1, queue_depth=n, in_flight=0,
+                                           lease_expires_at=1000.0 + n)))
+
+    assert sub.table is before and swaps == [] and not sub._dirty
+    assert sub.table.current(before.agents[1].instances[0]).queue_depth == 49
+    # A delta for another agent swaps the table; the heartbeats seen so far still count.
+    sub.handle(source.upsert(agent(3)))
+    assert sub.table is not before
+    assert sub.table.current(sub.table.agents[1].instances[0]).lease_expires_at == 1049.0
+
+
+def test_a_report_older_than_the_row_does_not_roll_it_back(source):
+    sub = make(source)
+    sub.start()
+    sub.handle(source.upsert(agent(1)))
+    sub.handle(load_to_wire(LoadReport(agent_pk=1, instance_pk=100, cpu=0.9, memory=0.9,
+                                       queue_depth=40, in_flight=9, lease_expires_at=500.0)))
+    row = replace(sub.table.agents[1].instances[0], lease_expires_at=600.0, queue_depth=1)
+
+    assert sub.table.current(row) is row
 
 
 def test_wire_round_trip_preserves_every_field(source):
