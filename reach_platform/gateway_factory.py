@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import orjson
 from django.conf import settings
 
 from gateway.app import GatewayApp
@@ -115,6 +116,8 @@ def build_application(*, governed: bool = True):
     from routing.embedders import configured_embedder
 
     django_application = get_asgi_application()
+    if not settings.SERVE_GATEWAY:
+        return control_plane_only(django_application), None
     runtime = start_route_subscriber()
     intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
                                 threshold=settings.INTENT_THRESHOLD)
@@ -138,3 +141,38 @@ def build_application(*, governed: bool = True):
         "http": http_application, "websocket": gateway, "lifespan": gateway,
     })
     return application, gateway
+
+
+def control_plane_only(django_application):
+    """The API and admin without the data plane: no route table followed, so route-table
+    changes and heartbeats cost this process nothing. ``/v1/`` answers 404 saying so."""
+    from channels.routing import ProtocolTypeRouter
+
+    body = orjson.dumps({"error": {
+        "code": "not_found", "retryable": False,
+        "message": "This process serves the control plane only (REACH_SERVE_GATEWAY=false); "
+                   "call the gateway processes."}})
+
+    async def http_application(scope, receive, send) -> None:
+        path = scope["path"]
+        if path.startswith("/v1/") or path == "/metrics":
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+        else:
+            await django_application(scope, receive, send)
+
+    async def lifespan(scope, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def websocket(scope, receive, send) -> None:
+        await send({"type": "websocket.close", "code": 4404})
+
+    return ProtocolTypeRouter({"http": http_application, "lifespan": lifespan,
+                               "websocket": websocket})

@@ -11,7 +11,7 @@ import logging
 import threading
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from reach_platform.bus import route_bus
 from routing.bus import RedisBus
@@ -50,7 +50,12 @@ class RouteRuntime:
         self._thread = threading.Thread(target=self._tick, name="route-check", daemon=True)
 
     def start(self) -> RouteRuntime:
-        self.subscriber.start()
+        # The first load runs in a thread of its own and is waited for: uvicorn imports
+        # the application inside each worker's running event loop, where the ORM refuses
+        # to run, and a worker must not serve before it has its table.
+        first = threading.Thread(target=self._first_load, name="route-first-load")
+        first.start()
+        first.join()
         bus = route_bus()
         if isinstance(bus, RedisBus):
             subscriber = self.subscriber
@@ -66,6 +71,12 @@ class RouteRuntime:
             self._subscription = bus.subscribe(self.subscriber.handle)
         self._thread.start()
         return self
+
+    def _first_load(self) -> None:
+        try:
+            self.subscriber.start()
+        finally:
+            connections.close_all()  # this thread's connection ends with it
 
     def stop(self) -> None:
         self._stop.set()

@@ -245,6 +245,10 @@ AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
 # (250/s of a 1 s agent: ~250; one process serves at most ~1,000/s): 1024 leaves
 # headroom; raise it for slower agents (long streams).
 GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
+# Whether this process serves the gateway (and so follows the route table). The embedded
+# default serves both; production runs control-plane processes with false, so route-table
+# changes and heartbeats cost them nothing.
+SERVE_GATEWAY = env.bool("REACH_SERVE_GATEWAY", default=True)
 # The CPU's guard: an event loop late by more than this (ms) three ticks in a row halves the
 # limit on calls in flight until it is on time again (0: off). At 5x for 20 s with
 # 0 / 20 / 50 ms: 2453 / 0 / 428 client time-outs; 20 ms also recovered fastest. 60 s at

@@ -4,7 +4,7 @@ import os
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from reach_platform.demo import demo_agents_register, demo_heartbeat, demo_setup
 
@@ -69,6 +69,9 @@ class Command(BaseCommand):
         if not settings.REDIS_URL:
             # Embedded mode: lease sweeps, probes and metering run here; in production
             # Celery beat runs the same jobs (reach_platform.celery).
+            if not settings.SERVE_GATEWAY:
+                raise CommandError("The embedded run serves the gateway and the control "
+                                   "plane in one process: unset REACH_SERVE_GATEWAY.")
             from reach_platform.asgi import gateway_application
 
             jobs |= registry_jobs() | metering_jobs(gateway_application.usage)
