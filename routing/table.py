@@ -274,13 +274,37 @@ class RouteTable:
         depend on moved."""
         name = _COLLECTION[delta.kind]
         rows = dict(getattr(self, name))
+        previous = rows.get(delta.pk)
         if delta.op == "delete":
             rows.pop(delta.pk, None)
         else:
             rows[delta.pk] = delta.entry
         table = replace(self, version=delta.version, **{name: types.MappingProxyType(rows)})
-        derived = ("agent", "api_key", "grant", "credential", "quota")
+        if delta.kind == "agent":
+            # One agent changed: only its own keys move (not a re-index of the fleet).
+            return replace(table, **self._agent_indexes(previous, rows.get(delta.pk)))
+        derived = ("api_key", "grant", "credential", "quota")
         return table.indexed() if delta.kind in derived else table
+
+    def _agent_indexes(self, old: AgentEntry | None, new: AgentEntry | None) -> dict:
+        """``agents_by_capability`` and ``agents_by_name`` with ``old`` replaced by ``new``."""
+        out = {}
+        for index, keys in (("agents_by_capability", _capability_keys),
+                            ("agents_by_name", _name_keys)):
+            rows = dict(getattr(self, index))
+            gone = keys(old) - keys(new) if old is not None else set()
+            for key in gone:
+                kept = tuple(pk for pk in rows.get(key, ()) if pk != old.pk)
+                if kept:
+                    rows[key] = kept
+                else:
+                    rows.pop(key, None)
+            for key in keys(new) if new is not None else ():
+                pks = rows.get(key, ())
+                if new.pk not in pks:
+                    rows[key] = tuple(sorted((*pks, new.pk)))
+            out[index] = types.MappingProxyType(rows)
+        return out
 
     def apply_load(self, report: LoadReport) -> RouteTable:
         """Fold an unversioned load report in: O(1), in place, the same table returned.
@@ -308,6 +332,14 @@ class RouteTable:
                 if inst.pk == instance_pk:
                     return inst
         return None
+
+
+def _capability_keys(agent: AgentEntry | None) -> set[str]:
+    return {c.capability_id for c in agent.capabilities} if agent is not None else set()
+
+
+def _name_keys(agent: AgentEntry | None) -> set[str]:
+    return {agent.name, f"{agent.namespace}/{agent.name}"} if agent is not None else set()
 
 
 def _credentials_by_pair(credentials: Mapping[int, CredentialEntry]) -> Mapping:
