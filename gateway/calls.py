@@ -124,6 +124,20 @@ class Validators:
         return problems
 
 
+def upstream_url(endpoint: str, path: str) -> str:
+    """``endpoint`` + ``path``, written once where they overlap by a version segment.
+
+    OpenAI-compatible endpoints are registered as the SDK's ``base_url``
+    (``http://host:8080/v1``) and the protocol's path is ``/v1/chat/completions``: the
+    ``/v1`` both carry is said once, not twice."""
+    base = endpoint.rstrip("/")
+    tail = path.lstrip("/")
+    last = base.rsplit("/", 1)[-1]
+    if last[:1] == "v" and last[1:].isdigit() and tail.startswith(last + "/"):
+        tail = tail[len(last) + 1:]
+    return f"{base}/{tail}"
+
+
 def to_agent_names(capability: CapabilityEntry, payload: dict) -> dict:
     """Canonical parameter names (``dest_lang``) back to the agent's own (``target_lang``)."""
     if not capability.param_map:
@@ -205,7 +219,7 @@ class Caller:
             headers["idempotency-key"] = ctx.idempotency_key
         query: dict[str, str] = {}
         ssl_context = self.credentials.apply(table, ctx.tenant_pk, agent.pk, headers, query)
-        url = instance.endpoint.rstrip("/") + "/" + upstream.path.lstrip("/")
+        url = upstream_url(instance.endpoint, upstream.path)
         session = self.pools.session(agent.pk, agent.pool_max_connections,
                                      agent.pool_idle_seconds)
         try:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.protocols.base import thaw
+from reach_core.errors import ReachError
 from routing.table import CapabilityEntry
 
 _NO_DEFAULTS: dict[str, Any] = {}
@@ -45,7 +46,12 @@ def canonical_input(capability: CapabilityEntry, payload: dict, defaults: Defaul
         return payload
     out = dict(payload)
     for canonical, own in own_names.items():
-        if own in out and canonical not in out and canonical != own:
+        if own in out and canonical != own:
+            if canonical in out:
+                # Two names for one parameter: which one was meant is a guess.
+                raise ReachError("invalid_input", f"'{canonical}' and '{own}' name the same "
+                                 "parameter: give one", details={
+                                     own: [f"is the agent's name for {canonical}"]})
             out[canonical] = out.pop(own)
     for name, value in fill.items():
         if name not in out:

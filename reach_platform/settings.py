@@ -125,8 +125,23 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
                 # about a second of PostgreSQL (tests/platform/test_degraded.py).
                 "reconnect_timeout": 1.0,
             },
+            # A partition (sent data never acknowledged) fails the query after 5 s rather
+            # than the kernel's ~15 min; keepalives find a dead idle connection. A peer
+            # that acknowledges but never answers (a frozen server) is not bounded here.
+            "tcp_user_timeout": env.int("REACH_DB_TCP_USER_TIMEOUT_MS", default=5000),
+            "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3,
+            "keepalives_count": 3,
         }
     )
+elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded default: heartbeats, the scheduler's jobs and requests write from
+    # several threads. WAL lets readers run beside the writer, and IMMEDIATE takes the
+    # write lock at BEGIN, so two writers queue (up to ``timeout`` s) instead of one
+    # failing at once with "database is locked" when it upgrades a read lock.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "transaction_mode": "IMMEDIATE", "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    })
 
 # Retry-After (seconds) on the 503 answered while the database is unreachable.
 DB_UNAVAILABLE_RETRY_AFTER = env.int("REACH_DB_UNAVAILABLE_RETRY_AFTER", default=2)

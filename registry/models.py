@@ -148,8 +148,9 @@ class Agent(models.Model):
                                           name__iexact=self.name)
                      .exclude(pk=self.pk).values_list("name", flat=True).first())
             if clash is not None:
+                # The taken spelling and its owner are not said: the caller may not see it.
                 raise ValidationError({"name": (
-                    f"The agent {clash!r} already exists in this namespace; names are unique "
+                    f"The name {self.name!r} is taken in this namespace; names are unique "
                     "regardless of letter case."
                 )})
         if self.lease_ttl_seconds < 3 * self.heartbeat_interval_seconds:

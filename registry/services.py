@@ -82,7 +82,10 @@ def agent_register(
         try:
             endpoint = check_registration(spec.endpoint, endpoint_policy())
         except EndpointRefused as exc:
-            problems["reach.endpoint"] = [str(exc)]
+            # At the field the author wrote, in the format they wrote it in.
+            where = {"json": "reach.endpoint", "a2a": "url"}.get(spec.source_format,
+                                                                "endpoint")
+            problems[where] = [str(exc)]
     namespace = Namespace.objects.filter(name=spec.namespace).first()
     if namespace is None:
         problems["namespace"] = [f"unknown namespace {spec.namespace!r}"]
@@ -100,7 +103,7 @@ def agent_register(
         raise RegistrationConflict("An agent token can only re-register its own agent.")
     if agent is not None and agent.owner_tenant_id != tenant.pk:
         raise RegistrationConflict(
-            f"{spec.namespace}/{spec.name} is registered by another tenant."
+            f"The name {spec.name!r} is taken in namespace {spec.namespace!r}."
         )
     created = agent is None
     agent = agent or Agent(namespace=namespace, name=spec.name, owner_tenant=tenant)

@@ -45,6 +45,16 @@ def as_json_schema(schema: dict[str, Any], at: str, problems: dict[str, list[str
 
     Problems are added at the field's path (``at.document_url.required``)."""
     if not (force_flat or is_flat(schema)):
+        # A JSON Schema: a key that is no keyword would be ignored by every validator
+        # (a parameter written beside "properties" constrains nothing), so it is refused.
+        for key in sorted(set(schema) - KEYWORDS, key=str):
+            problems.setdefault(f"{at}.{key}", []).append(
+                "is neither a JSON Schema keyword nor, beside them, a parameter: put "
+                "parameters under properties, or write only parameters (the flat form)")
+        properties = schema.get("properties")
+        for name, sub in (properties.items() if isinstance(properties, dict) else ()):
+            if isinstance(sub, dict) and "default" in sub:
+                _check_default(sub, f"{at}.properties.{name}", problems)
         return schema
     properties: dict[str, Any] = {}
     required: list[str] = []

@@ -136,7 +136,7 @@ def parse_agent_entry(data: object) -> AgentSpec:
 def parse_capability_yaml(text: str) -> AgentSpec:
     """Parse ``capability.yaml`` text into an ``AgentSpec``.
 
-    Only ``yaml.safe_load`` is used: the text is untrusted. The top-level
+    The text is untrusted: a safe loader without aliases or repeated keys reads it. The top-level
     ``language`` is put first in every capability's languages. Each capability's
     first endpoint gives its path, and its protocol is the agent's, so all
     capabilities must agree on it. Raises ``DescriptorError``; a syntax
@@ -145,7 +145,7 @@ def parse_capability_yaml(text: str) -> AgentSpec:
     if not isinstance(text, str):
         raise DescriptorError({"$": ["must be YAML text"]})
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UntrustedLoader)  # noqa: S506 (safe: see the class)
     except yaml.YAMLError as exc:
         raise DescriptorError({"$": [f"not valid YAML: {_yaml_reason(exc)}"]}) from None
     except RecursionError:
@@ -203,6 +203,32 @@ def parse_capability_yaml(text: str) -> AgentSpec:
         "source_format": "yaml",
     }
     return _finish(agent, caps, problems, data)
+
+
+class _UntrustedLoader(yaml.SafeLoader):
+    """``SafeLoader`` without aliases and without repeated keys.
+
+    An alias re-uses a node, so nine nested anchors of ten references each expand ~600
+    bytes into a billion values (the "billion laughs"); descriptors never need them. A
+    repeated key would silently keep the last value, which JSON bodies refuse too.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, "aliases (*name) are not accepted in a descriptor", mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark)
+            seen.add(key) if isinstance(key, str | int | float | bool) else None
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_agent_card(card: object) -> AgentSpec:
@@ -313,8 +339,15 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
         message = "must not be empty"
     elif keyword == "maxLength":
         message = f"must be at most {value} characters"
+    elif keyword == "maxItems":
+        message = f"must have at most {value} item{'s' if value != 1 else ''}"
+    elif keyword in ("anyOf", "oneOf", "if", "then", "else"):
+        message = "is not one of the accepted forms here"
     else:
-        message = error.message
+        # Never ``error.message``: it quotes the value, which may be a secret pasted
+        # into the wrong place.
+        message = f"does not satisfy {keyword} {value!r}" if not isinstance(
+            value, dict | list) else f"does not satisfy {keyword}"
     return [(_path(where), message)]
 
 
@@ -422,6 +455,8 @@ def _reached(src: dict[str, Any], at: str, problems: Problems) -> dict[str, Any]
     prefix = f"{at}." if at else ""
     pool = _obj(src.get("pool"))
     idle = pool.get("idle_timeout")
+    if idle is not None and _seconds(idle) == 0:
+        _add(problems, f"{prefix}pool.idle_timeout", "must be at least 1 second")
     return {
         "protocol": src.get("protocol"),
         "internal_only": src.get("internal_only"),
@@ -446,6 +481,8 @@ def _credential(raw: object, at: str, problems: Problems) -> CredentialSpec | No
         return None
     auth = dict(raw)
     if "token_env" in auth and auth.get("type") == "bearer":
+        if "value_env" in auth:
+            _add(problems, f"{at}.token_env", "give value_env or token_env, not both")
         auth.setdefault("value_env", auth.pop("token_env"))
     kind, needed, optional = _AUTH_FIELDS[auth["type"]]
     for name in needed:
@@ -481,7 +518,7 @@ def _seconds(raw: object) -> int | None:
             return None
     else:
         return None
-    return max(1, math.ceil(value))
+    return math.ceil(value)
 
 
 # Words a capability.yaml's ``language`` uses for what the agent is written in; they

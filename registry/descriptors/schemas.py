@@ -239,7 +239,9 @@ AGENT_ENTRY_SCHEMA: dict[str, Any] = _document(
             "capabilities": {
                 "type": "array",
                 "minItems": 1,
-                "items": {"anyOf": [_ref("capability_id"), _JSON_CAPABILITY]},
+                # if/then/else, not anyOf: an error is reported inside the form used.
+                "items": {"if": {"type": "string"}, "then": _ref("capability_id"),
+                          "else": _JSON_CAPABILITY},
             },
             "routing": _ref("routing"),
             "version": _ref("version"),
@@ -302,15 +304,24 @@ AGENT_CARD_SCHEMA: dict[str, Any] = _document(
                 "streaming": {"type": "boolean"},
                 "pushNotifications": {"type": "boolean"},
                 "stateTransitionHistory": {"type": "boolean"},
-                "extensions": _INFORMATIONAL,
+                # An extension the agent *requires* of its clients, the gateway cannot
+                # honour; optional ones are kept with the card.
+                "extensions": {"type": "array", "items": {
+                    "type": "object", "properties": {"required": {"const": False}}}},
             }),
+            # The gateway speaks JSON-RPC to A2A agents; another transport would be called
+            # wrongly, so it is refused rather than ignored.
+            "preferredTransport": {"const": "JSONRPC"},
+            # Security the card demands (bearer, API key ...) would be silently unmet: the
+            # credential is declared with an auth block (JSON descriptor) instead.
+            "security": {"type": "array", "maxItems": 0},
             "defaultInputModes": _ref("strings"),
             "defaultOutputModes": _ref("strings"),
             # The rest of the A2A card: kept with the source document for people and
             # for A2A clients; the gateway calls the card's ``url`` over JSON-RPC.
             **dict.fromkeys(
-                ("protocolVersion", "preferredTransport", "additionalInterfaces", "iconUrl",
-                 "documentationUrl", "securitySchemes", "security",
+                ("protocolVersion", "additionalInterfaces", "iconUrl",
+                 "documentationUrl", "securitySchemes",
                  "supportsAuthenticatedExtendedCard", "signatures"),
                 _INFORMATIONAL,
             ),

@@ -74,3 +74,10 @@ def test_a_value_outside_the_declared_enum_is_refused(summariser):
 
     assert response.status_code == 400
     assert list(response.json()["error"]["details"]) == ["dest_lang"]
+
+
+def test_one_parameter_under_two_names_is_refused_not_guessed(summariser):
+    response = invoke(*summariser, document_url="d", dest_lang="en", target_lang="zh")
+
+    assert response.status_code == 400
+    assert "name the same parameter" in response.json()["error"]["message"]

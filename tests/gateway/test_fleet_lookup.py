@@ -47,3 +47,20 @@ def test_a_chat_completion_by_agent_name_among_ten_thousand_does_not_scan(script
 
     assert response.status_code == 200, response.text
     assert response.json()["model"] == "scripted-chat"
+
+
+def test_an_openai_endpoint_given_as_the_sdks_base_url_is_not_doubled(scripted):
+    """Field reports register OpenAI-compatible agents by their base URL (``…/v1``); the
+    protocol's path also starts with ``/v1``: the call must reach ``/v1/chat/completions``."""
+    base = agent("cloud-chat", f"{scripted.endpoint}v1", capability("chat"), protocol="openai")
+    table, key = route_table([base])
+
+    async def go():
+        async with in_process(table, key) as gw:
+            return await gw.post("/v1/chat/completions", {
+                "model": "cloud-chat", "messages": [{"role": "user", "content": "hi"}]})
+
+    response = asyncio.run(go())
+
+    assert response.status_code == 200, response.text
+    assert scripted.seen()[-1]["path"] == "/v1/chat/completions"

@@ -42,7 +42,9 @@ def test_registering_a_name_differing_only_in_case_is_refused(registrar, world):
         assert again.status_code == 400, again.content
         error = again.json()["error"]
         assert error["code"] == "invalid_input"
-        assert "acca-xa" in " ".join(error["details"]["name"])
+        # It says the name is taken, not how the other agent spells it.
+        assert "is taken" in " ".join(error["details"]["name"])
+        assert "acca-xa" not in " ".join(error["details"]["name"])
         assert "case" in error["message"]
     assert list(Agent.objects.filter(name__iexact="acca-xa").values_list("name", flat=True)) == [
         "acca-xa"]

@@ -513,3 +513,58 @@ def test_normalise_params_reports_every_clashing_capability() -> None:
     assert caught.value.problems["capabilities[2].input_schema.properties"] == [
         "'language' and 'to_language' would both be named 'dest_lang'"
     ]
+
+
+def test_yaml_aliases_are_refused_before_they_can_expand() -> None:
+    """Nine nested anchors of ten references: ~600 bytes that would expand to 10^9 values
+    and hold a worker for minutes. Refused at once, naming the line."""
+    lines = ["name: bomb", "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    text = "\n".join([*lines, "capabilities:", "  - {id: c, keywords: *a8}"]) + "\n"
+    assert len(text) < 1000
+
+    problems = _problems(parse_capability_yaml, text)
+
+    assert list(problems) == ["$"] and "aliases" in problems["$"][0]
+
+
+def test_a_key_repeated_in_yaml_is_refused_not_last_one_wins() -> None:
+    problems = _problems(parse_capability_yaml,
+                         "name: dup1\nname: dup2\ncapabilities: [{id: c}]\n")
+    assert "'name' is given twice" in problems["$"][0]
+
+
+_CARD = {"name": "echo", "url": "http://127.0.0.1:9000/", "skills": [{"id": "e", "name": "E"}]}
+
+
+@pytest.mark.parametrize(("card_fields", "path"), [
+    ({"preferredTransport": "GRPC"}, "preferredTransport"),
+    ({"security": [{"bearer": []}], "securitySchemes": {"bearer": {"type": "http"}}},
+     "security"),
+    ({"capabilities": {"extensions": [{"uri": "urn:x", "required": True}]}},
+     "capabilities.extensions[0].required"),
+])
+def test_card_fields_the_gateway_cannot_honour_are_refused(card_fields, path) -> None:
+    assert path in _problems(parse_agent_card, {**_CARD, **card_fields})
+
+
+@pytest.mark.parametrize(("cap", "path"), [
+    # A parameter beside the JSON Schema keywords constrains nothing: refused.
+    ({"input_schema": {"type": "object", "b": {"type": "string", "required": True}}},
+     "capabilities[0].input_schema.b"),
+    ({"input_schema": {"a": "string"}}, "capabilities[0].input_schema.a"),
+    # A default its own enum refuses would make every call without it a 400.
+    ({"input_schema": {"type": "object", "properties": {"a": {"enum": ["x"], "default": "y"}}}},
+     "capabilities[0].input_schema.properties.a.default"),
+])
+def test_a_schema_that_would_constrain_nothing_or_everything_is_refused(cap, path) -> None:
+    assert path in _problems(parse_json_descriptor,
+                             _descriptor(capabilities=[{"id": "echo.text", **cap}]))
+
+
+@pytest.mark.parametrize(("reach", "path"), [
+    ({"auth": {"type": "bearer", "value_env": "A", "token_env": "B"}}, "reach.auth.token_env"),
+    ({"pool": {"idle_timeout": "0s"}}, "reach.pool.idle_timeout"),
+])
+def test_reach_fields_that_would_be_silently_changed_are_refused(reach, path) -> None:
+    assert path in _problems(parse_json_descriptor, _descriptor(reach=reach))

@@ -181,3 +181,14 @@ def test_the_admin_shows_the_source_descriptor(registrar, world, client):
     assert page.status_code == 200
     assert "openai-compatible" in page.content.decode()
     assert "CLOUD_SALES_TOKEN" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_refused_endpoint_is_reported_where_the_yaml_author_wrote_it(registrar):
+    text = (EXAMPLES / "field-report.capability.yaml").read_text().replace(
+        "http://127.0.0.1:9102/", "http://user:pw@127.0.0.1:9102/")
+
+    response = register(registrar, text)
+
+    assert response.status_code == 400
+    assert list(response.json()["error"]["details"]) == ["endpoint"]
