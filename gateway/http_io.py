@@ -79,7 +79,8 @@ def _refuse_duplicates(raw: bytes) -> None:
         seen: dict = {}
         for key, value in items:
             if key in seen:
-                raise ReachError("invalid_input",
+                # The control plane's parser calls this malformed_json too: one name.
+                raise ReachError("malformed_json",
                                  f"Request body repeats the key {key[:100]!r}.")
             seen[key] = value
         return seen

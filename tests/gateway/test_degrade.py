@@ -108,6 +108,7 @@ def test_bodies_must_be_json_objects_without_repeated_keys(scripted):
     assert plain.json()["error"]["code"] == "unsupported_media_type"
     for reply in (repeated, nested_repeat):
         assert reply.status_code == 400 and "repeats the key" in reply.json()["error"]["message"]
+        assert reply.json()["error"]["code"] == "malformed_json"  # as the API says it
     assert tricky.status_code == 200
     assert deep.status_code == 400 and deep.json()["error"]["code"] == "malformed_json"
 
