@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from reach_platform.demo_agents import run_in_thread
 from registry.descriptors import parse_json_descriptor
+from registry.models import Instance
 from registry.services import agent_register
 from registry.spec import AgentSpec, CapabilitySpec
 from tenants.choices import ApiKeyScope
@@ -89,6 +92,9 @@ def gateway(transactional_db, tmp_path, request):
             agent_register(tenant=tenant, spec=parse_json_descriptor(demo.descriptor))
         for spec in scripted_spec(agent_port):
             agent_register(tenant=tenant, spec=spec)
+        # These agents never heartbeat, and leases mean it: a 30 s lease would lapse under
+        # a long test on a busy machine and turn its last calls into no_healthy_instance.
+        Instance.objects.update(lease_expires_at=timezone.now() + dt.timedelta(hours=1))
         key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
         marker = request.node.get_closest_marker("gateway_env")
         extra = marker.kwargs if marker else {}
