@@ -433,6 +433,8 @@ class Router:
         self.balancer = SmoothWeightedRoundRobin()
         self._prepared_for = None
         self._prepared: dict[str, _Prepared] = {}
+        # instance pk -> (the prepared row, the heartbeat applied, the row with it)
+        self._live_rows: dict[int, tuple[_Row, object, _Row]] = {}
         self._lock = threading.Lock()
 
     def set_open_breakers(self, open_breakers: Callable[[], Iterable[int]]) -> None:
@@ -517,11 +519,7 @@ class Router:
         live = table.live
         for row in prepared.rows:
             if live and row.instance is not None and row.instance.pk in live:
-                # Load and lease from heartbeats since the table's version: O(1) each.
-                current = table.current(row.instance)
-                if current is not row.instance:
-                    row = _Row(row.agent, row.capability, current, row.static_reason,
-                               base_score(row.agent, current) if row.base else 0.0)
+                row = self._with_live_load(table, row)
             agent = row.agent
             reason = agent_reason.get(agent.pk, False)
             if reason is False:
@@ -589,6 +587,21 @@ class Router:
         return Decision(capability=capability_id,
                         chosen=self._candidate(chosen[0], chosen[1], match_score),
                         matches=tuple(matches))
+
+    def _with_live_load(self, table: RouteTable, row: _Row) -> _Row:
+        """``row`` with the load and lease of a heartbeat newer than the table's version.
+
+        Rebuilt only when that heartbeat (or the row) changed, not on every call."""
+        report = table.live[row.instance.pk]
+        cached = self._live_rows.get(row.instance.pk)
+        if cached is not None and cached[0] is row and cached[1] is report:
+            return cached[2]
+        current = table.current(row.instance)
+        fresh = row if current is row.instance else _Row(
+            row.agent, row.capability, current, row.static_reason,
+            base_score(row.agent, current) if row.base else 0.0)
+        self._live_rows[row.instance.pk] = (row, report, fresh)
+        return fresh
 
     def _prefer_answering(self, kept: list[_Row], capability_id: str,
                           dropped: list[Dropped] | None) -> list[_Row]:

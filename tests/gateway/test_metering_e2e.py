@@ -17,10 +17,9 @@ from django.db.models import Sum
 from metering.ingest import GROUP, STREAM
 from metering.models import UsageEvent
 from reach_platform.celery import app
-from tests.gateway.conftest import database_url
 from tests.metering.test_consumer_crash import Worker
 from tests.support.metrics import metric_value
-from tests.support.servers import platform_env
+from tests.support.servers import worker_env
 
 pytestmark = pytest.mark.skipif(
     not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),
@@ -34,11 +33,7 @@ TASK_KWARGS = {"batch": 250, "max_batches": 4, "block_ms": 200, "claim_idle_ms":
 def test_a_killed_consumer_loses_and_duplicates_nothing_of_10000_calls(gateway, tmp_path):
     client = redis.Redis.from_url(settings.REDIS_URL)
     queue = f"reach-test-metering-{uuid.uuid4().hex[:8]}"
-    env = platform_env(tmp_path / "data", DATABASE_URL=database_url(),
-                       REDIS_URL=settings.REDIS_URL,
-                       REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
-                       CELERY_BROKER_URL=settings.REDIS_URL, REACH_SECRET_KEY=settings.SECRET_KEY,
-                       REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS))
+    env = worker_env(tmp_path / "data")
     broker = app.connection_for_write(settings.REDIS_URL)
     log = tmp_path / "workers.log"
     workers = [Worker(f"e2e-a-{uuid.uuid4().hex[:6]}", queue, env, log)]

@@ -23,7 +23,7 @@ from metering.ingest import GROUP, STREAM, usage_stream_append
 from metering.models import UsageEvent
 from reach_platform.celery import app
 from tests import factories
-from tests.support.servers import ROOT, platform_env
+from tests.support.servers import ROOT, worker_env
 
 pytestmark = pytest.mark.skipif(
     not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),
@@ -112,16 +112,7 @@ def test_a_killed_worker_neither_loses_nor_duplicates_usage(transactional_db, is
     pipe.execute()
     assert client.xlen(STREAM()) == EVENTS
 
-    db = settings.DATABASES["default"]
-    env = platform_env(
-        tmp_path / "data",
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        REDIS_URL=settings.REDIS_URL,
-        REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
-        CELERY_BROKER_URL=settings.REDIS_URL,
-        REACH_SECRET_KEY=settings.SECRET_KEY,
-        REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
-    )
+    env = worker_env(tmp_path / "data")
     log = tmp_path / "workers.log"
     workers: list[Worker] = []
     broker = app.connection_for_write(settings.REDIS_URL)

@@ -22,7 +22,7 @@ from reach_platform.celery import app
 from registry.choices import InstanceState
 from registry.models import Instance
 from tests import factories
-from tests.support.servers import ROOT, platform_env
+from tests.support.servers import ROOT, worker_env
 
 pytestmark = pytest.mark.skipif(
     not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),
@@ -116,18 +116,8 @@ def test_a_1_gib_health_answer_costs_the_worker_under_50_mb(transactional_db, qu
     instance = factories.instance(agent=agent, endpoint=agent_server.base,
                                   state=InstanceState.OFFLINE)
 
-    db = settings.DATABASES["default"]
-    env = platform_env(
-        tmp_path / "data",
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        REDIS_URL=settings.REDIS_URL,
-        REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
-        CELERY_BROKER_URL=settings.REDIS_URL,
-        # The registry tasks ignore results; the test asks for this one's (below).
-        CELERY_RESULT_BACKEND=settings.REDIS_URL,
-        REACH_SECRET_KEY=settings.SECRET_KEY,
-        REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
-    )
+    # The registry tasks ignore results; the test asks for this one's (below).
+    env = worker_env(tmp_path / "data", CELERY_RESULT_BACKEND=settings.REDIS_URL)
     log = tmp_path / "worker.log"
     broker = app.connection_for_write(settings.REDIS_URL)
     results = RedisBackend(app=app, url=settings.REDIS_URL)

@@ -49,6 +49,21 @@ def platform_env(data_dir: Path, **overrides: str) -> dict[str, str]:
     return env
 
 
+def worker_env(data_dir: Path, **overrides: str) -> dict[str, str]:
+    """``platform_env`` for a Celery worker on this test run's PostgreSQL and Redis, with
+    the test process's secret and credential keys (so it reads what the test wrote)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    return platform_env(
+        data_dir,
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        REDIS_URL=settings.REDIS_URL, REACH_REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
+        CELERY_BROKER_URL=settings.REDIS_URL, REACH_SECRET_KEY=settings.SECRET_KEY,
+        REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS), **overrides,
+    )
+
+
 def wait_until_serving(base_url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     """Poll /healthz until it answers; fail fast if the process died."""
 
