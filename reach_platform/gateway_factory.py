@@ -115,7 +115,7 @@ def build_application(*, governed: bool = True):
     from reach_platform.routes_runtime import start_route_subscriber
     from routing.embedders import configured_embedder
 
-    django_application = get_asgi_application()
+    django_application = heartbeat_door(get_asgi_application())
     if not settings.SERVE_GATEWAY:
         return control_plane_only(django_application), None
     runtime = start_route_subscriber()
@@ -141,6 +141,15 @@ def build_application(*, governed: bool = True):
         "http": http_application, "websocket": gateway, "lifespan": gateway,
     })
     return application, gateway
+
+
+def heartbeat_door(django_application):
+    """Django behind the steady-heartbeat door when heartbeats have Redis to go to."""
+    if not settings.REDIS_URL:
+        return django_application
+    from reach_platform.heartbeat_door import HeartbeatDoor
+
+    return HeartbeatDoor(django_application)
 
 
 def control_plane_only(django_application):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 from dataclasses import dataclass
 from functools import cache
 
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from reach_core import keys
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_registration
-from registry import health, routes
+from registry import health, heartbeats, routes
 from registry.choices import InstanceState
 from registry.descriptors import normalise_params
 from registry.models import (
@@ -28,6 +29,8 @@ from registry.models import (
 from registry.spec import AgentSpec, CapabilitySpec, CredentialSpec, DescriptorError
 from routing.table import LoadReport
 from tenants.models import Credential, Tenant
+
+logger = logging.getLogger(__name__)
 
 AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (a prefix, not a secret)
 # A deregistered instance keeps draining this long before its row goes, so
@@ -253,8 +256,12 @@ def instance_heartbeat(
     ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
     before = (instance.state, instance.health_tier, list(instance.capabilities_available),
               instance.flaps)
+    # Steady beats renew the lease in Redis before the database has it: the lapse (and
+    # so a flap) is judged by the later of the two.
+    lease = max(filter(None, (instance.lease_expires_at,
+                              heartbeats.renewed_lease(instance.pk))), default=None)
     _set_liveness(instance, health.on_heartbeat(_liveness(instance), now=now, ttl=ttl,
-                                                lease_expires_at=instance.lease_expires_at))
+                                                lease_expires_at=lease))
     load = heartbeat.load
     instance.health_tier = health.tier_from_load(load)
     if heartbeat.capabilities_available is not None:
@@ -273,6 +280,7 @@ def instance_heartbeat(
     Instance.objects.filter(pk=instance.pk).update(**{f: getattr(instance, f) for f in fields})
     after = (instance.state, instance.health_tier, list(instance.capabilities_available),
              instance.flaps)
+    _seed_steady(instance, ttl, now)
     if after != before:
         routes.changed("agent", agent.pk)
     else:
@@ -286,14 +294,37 @@ def instance_heartbeat(
     return instance
 
 
+def _seed_steady(instance: Instance, ttl: dt.timedelta, now: dt.datetime) -> None:
+    """After the commit, let the next beats of a healthy instance take the steady way."""
+    if not heartbeats.enabled():
+        return
+    if instance.state != InstanceState.HEALTHY:
+        heartbeats.forget_on_commit(instance.pk)
+        return
+    review = (instance.last_flap_at + 2 * ttl).timestamp() if instance.flaps else 0.0
+    steady = heartbeats.Steady(
+        pk=instance.pk, lease=instance.lease_expires_at.timestamp(),
+        tier=instance.health_tier, capabilities=list(instance.capabilities_available),
+        review=review)
+    transaction.on_commit(lambda: heartbeats.seed(steady, now=now.timestamp()))
+
+
 def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     """Apply the clock to every instance: expired leases -> unknown -> offline; deregistered
     instances past their drain grace are deleted. Returns counts by transition.
 
-    Each transition is a conditional update on the state it read, so a heartbeat
-    landing between the read and the write wins and the sweep skips that row.
+    The steady beats since the last sweep are written first, so a lease renewed only in
+    Redis is not taken for a lapse. Each transition is a conditional update on the state
+    it read, so a heartbeat landing between the read and the write wins and the sweep
+    skips that row.
     """
     now = now or timezone.now()
+    try:
+        heartbeats.flush()
+    except Exception as exc:
+        # Redis or the database away: the leases in the database are at most one
+        # period behind, and heartbeats take the slow way meanwhile.
+        logger.warning("sweep: heartbeat flush failed (%s)", type(exc).__name__)
     counts = {"unknown": 0, "offline": 0, "removed": 0}
     candidates = Instance.objects.filter(
         state__in=[InstanceState.HEALTHY, InstanceState.UNKNOWN],
@@ -314,6 +345,7 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
             if updated:
                 counts[nxt.state] += 1
                 routes.changed("agent", instance.agent_id)
+                heartbeats.forget_on_commit(instance.pk)
     drained = Instance.objects.filter(state=InstanceState.DRAINING, lease_expires_at__lte=now)
     for instance in drained.only("pk", "agent_id"):
         with transaction.atomic():
@@ -359,4 +391,5 @@ def instance_recover(*, instance: Instance, now: dt.datetime | None = None) -> b
         )
         if updated:
             routes.changed("agent", instance.agent_id)
+            heartbeats.forget_on_commit(instance.pk)
     return bool(updated)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from registry import routes
+from registry import heartbeats, routes
 from registry.models import Agent, Capability, Instance
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
@@ -26,5 +26,8 @@ def _route_change(sender, instance, **kwargs) -> None:
         routes.changed("agent", instance.pk)
     elif sender in (Capability, Instance):
         routes.changed("agent", instance.agent_id)
+        if sender is Instance:
+            # Any write but a heartbeat's: the next beat is judged by the database.
+            heartbeats.forget_on_commit(instance.pk)
     elif sender in _KINDS:
         routes.changed(_KINDS[sender], instance.pk)

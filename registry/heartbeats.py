@@ -1,0 +1,245 @@
+"""Steady heartbeats: renewed in Redis, written to PostgreSQL in batches.
+
+A heartbeat that changes nothing structural is a *steady beat*: the instance is
+healthy, its lease has not lapsed, its tier and served capabilities are what they
+were, and no flap is due to be forgiven. One Redis script renews the lease in a
+hash per instance, marks the instance for the next flush and publishes the load
+report (unversioned, applied in O(1) by every gateway). Nothing else runs, in any
+process, whatever the fleet size.
+
+Every other heartbeat goes the slow way (``registry.services.instance_heartbeat``):
+PostgreSQL is updated, a versioned delta goes out if the state changed, and the
+hash is seeded again from the row. The hash thus mirrors a healthy row as the last
+slow heartbeat left it; any other write to the row (drain, deregistration, the
+sweep, a probe's recovery, a registration) deletes it, so the next beat is judged
+against the database again.
+
+``flush`` (run by the lease sweep, every 2 s) writes the steady beats' leases and
+load to PostgreSQL, one statement per batch, and only to rows still healthy. A
+row found not healthy loses its hash. Without ``REDIS_URL`` there is no store and
+every heartbeat takes the slow way (the embedded mode has one process).
+
+Lost to a Redis restart: at most the beats since the last flush, which only makes
+the next beat slow. With Redis unreachable heartbeats take the slow way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+from dataclasses import dataclass
+from functools import cache
+
+from django.conf import settings
+from django.db import connection, transaction
+
+logger = logging.getLogger(__name__)
+
+FLUSH_BATCH = 1000
+# A hash outlives its lease by this much, so the flush still finds the figures.
+HASH_GRACE_S = 60.0
+LOAD_FIELDS = ("cpu", "memory", "queue_depth", "in_flight", "processed_recent",
+               "errors_recent")
+
+# KEYS: the instance's hash, the dirty set. ARGV: now, new lease, tier, capabilities
+# digest ("" = unchanged), hash ttl in ms, instance pk, the load message to publish,
+# the bus channel, then the load figures in LOAD_FIELDS order.
+# Returns 1 for a steady beat (done), 0 when the slow way must judge it.
+BEAT_SCRIPT = """
+local cur = redis.call('HMGET', KEYS[1], 'lease', 'tier', 'caps', 'review')
+if not cur[1] then return 0 end
+local now = tonumber(ARGV[1])
+if tonumber(cur[1]) <= now then return 0 end
+if cur[2] ~= ARGV[3] then return 0 end
+if ARGV[4] ~= '' and cur[3] ~= ARGV[4] then return 0 end
+local review = tonumber(cur[4])
+if review > 0 and review < now then return 0 end
+redis.call('HSET', KEYS[1], 'lease', ARGV[2], 'beat', ARGV[1],
+  'cpu', ARGV[9], 'memory', ARGV[10], 'queue_depth', ARGV[11], 'in_flight', ARGV[12],
+  'processed_recent', ARGV[13], 'errors_recent', ARGV[14])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('SADD', KEYS[2], ARGV[6])
+redis.call('PUBLISH', ARGV[8], ARGV[7])
+return 1
+"""
+
+
+def capabilities_digest(capabilities: list[str] | None) -> str:
+    """What the hash keeps of an instance's served capabilities ("" = not given)."""
+    if capabilities is None:
+        return ""
+    joined = "\x00".join(sorted(set(capabilities)))
+    return "c" + hashlib.sha256(joined.encode()).hexdigest()[:24]
+
+
+def key(pk: int) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}hb:{pk}"
+
+
+def dirty_key() -> str:
+    return f"{settings.REDIS_KEY_PREFIX}hb:dirty"
+
+
+def hash_ttl_ms(lease: float, now: float) -> int:
+    return int((lease - now + HASH_GRACE_S) * 1000)
+
+
+@cache
+def _client():
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
+                                socket_connect_timeout=1, health_check_interval=10)
+
+
+def enabled() -> bool:
+    return bool(settings.REDIS_URL)
+
+
+# ---- what the slow way writes ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A healthy row as a slow heartbeat left it: what later beats are compared with."""
+
+    pk: int
+    lease: float
+    tier: str
+    capabilities: list[str]
+    # Epoch seconds after which the slow way must look again (a flap to forgive); 0 never.
+    review: float
+
+
+def seed(steady: Steady, *, now: float) -> None:
+    """After a slow heartbeat of a healthy instance, committed."""
+    if not enabled():
+        return
+    try:
+        pipe = _client().pipeline(transaction=True)
+        pipe.hset(key(steady.pk), mapping={
+            "lease": repr(steady.lease), "tier": steady.tier,
+            "caps": capabilities_digest(steady.capabilities), "review": repr(steady.review),
+        })
+        pipe.pexpire(key(steady.pk), hash_ttl_ms(steady.lease, now))
+        pipe.execute()
+    except Exception as exc:
+        # The next beat then takes the slow way again; nothing is lost.
+        logger.warning("heartbeats: could not seed instance %s (%s)", steady.pk,
+                       type(exc).__name__)
+
+
+def forget(*pks: int) -> None:
+    """The rows changed otherwise: the next beat of each is judged by the database."""
+    if not enabled() or not pks:
+        return
+    try:
+        _client().delete(*(key(pk) for pk in pks))
+    except Exception as exc:
+        # A stale hash is bounded: the flush writes only to healthy rows and deletes
+        # the hashes of the others within one period.
+        logger.warning("heartbeats: could not forget %d instance(s) (%s)", len(pks),
+                       type(exc).__name__)
+
+
+def forget_on_commit(pk: int) -> None:
+    if enabled():
+        transaction.on_commit(lambda: forget(pk))
+
+
+def renewed_lease(pk: int) -> dt.datetime | None:
+    """The lease a steady beat renewed that the database may not have yet."""
+    if not enabled():
+        return None
+    try:
+        value = _client().hget(key(pk), "lease")
+    except Exception:
+        return None
+    return None if value is None else dt.datetime.fromtimestamp(float(value), dt.UTC)
+
+
+# ---- the flush ------------------------------------------------------------------------
+
+
+def flush(*, max_batches: int = 100) -> int:
+    """Write the steady beats since the last flush to PostgreSQL. Returns rows written."""
+    if not enabled():
+        return 0
+    client = _client()
+    written = 0
+    for _ in range(max_batches):
+        pks = [int(pk) for pk in client.spop(dirty_key(), FLUSH_BATCH) or ()]
+        if not pks:
+            break
+        try:
+            written += _write(client, pks)
+        except Exception:
+            # The database is away: put them back for the next flush.
+            client.sadd(dirty_key(), *pks)
+            raise
+        if len(pks) < FLUSH_BATCH:
+            break
+    return written
+
+
+def _write(client, pks: list[int]) -> int:
+    pipe = client.pipeline(transaction=False)
+    for pk in pks:
+        pipe.hmget(key(pk), "lease", "beat", *LOAD_FIELDS)
+    rows = []
+    for pk, values in zip(pks, pipe.execute(), strict=True):
+        if values[0] is None or values[1] is None:
+            continue  # forgotten meanwhile
+        lease, beat = (dt.datetime.fromtimestamp(float(v), dt.UTC) for v in values[:2])
+        cpu, memory = float(values[2]), float(values[3])
+        rows.append((pk, lease, beat, cpu, memory, *(int(v) for v in values[4:])))
+    if not rows:
+        return 0
+    from registry.choices import InstanceState
+    from registry.models import Instance
+
+    with transaction.atomic():
+        updated = _update_healthy(rows)
+    missing = {row[0] for row in rows} - updated
+    if missing:
+        # Not written: gone, not healthy, or already holding a later lease (a slow
+        # heartbeat). The first two must stop taking the steady way.
+        healthy = set(Instance.objects.filter(pk__in=missing, state=InstanceState.HEALTHY)
+                      .values_list("pk", flat=True))
+        forget(*(missing - healthy))
+    return len(updated)
+
+
+def _update_healthy(rows: list[tuple]) -> set[int]:
+    from registry.models import Instance
+
+    table = Instance._meta.db_table
+    if connection.vendor == "postgresql":
+        values = ", ".join(["(%s::bigint, %s::timestamptz, %s::timestamptz, %s::float8, "
+                            "%s::float8, %s::int, %s::int, %s::int, %s::int)"] * len(rows))
+        sets = ", ".join(f"{name} = v.{name}" for name in
+                         ("lease_expires_at", "last_heartbeat_at", *LOAD_FIELDS))
+        # Names come from the model, values are bound.
+        sql = (f"UPDATE {table} AS i SET {sets} FROM (VALUES {values}) AS "  # noqa: S608
+               f"v(id, lease_expires_at, last_heartbeat_at, {', '.join(LOAD_FIELDS)}) "
+               "WHERE i.id = v.id AND i.state = 'healthy' AND "
+               "(i.lease_expires_at IS NULL OR i.lease_expires_at < v.lease_expires_at) "
+               "RETURNING i.id")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [value for row in rows for value in row])
+            return {pk for (pk,) in cursor.fetchall()}
+    # Another database behind Redis (unusual): one statement per row.
+    from django.db.models import Q
+
+    from registry.choices import InstanceState
+
+    updated = set()
+    for pk, lease, beat, *load in rows:
+        if Instance.objects.filter(
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=lease),
+            pk=pk, state=InstanceState.HEALTHY,
+        ).update(lease_expires_at=lease, last_heartbeat_at=beat,
+                 **dict(zip(LOAD_FIELDS, load, strict=True))):
+            updated.add(pk)
+    return updated

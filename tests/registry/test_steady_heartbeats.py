@@ -1,0 +1,259 @@
+"""Steady heartbeats go to Redis and reach PostgreSQL in batches; everything else is
+judged by the database as before. The door runs in front of the real Django ASGI app,
+on this run's PostgreSQL and Redis, on an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import httpx
+import orjson
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.asgi import get_asgi_application
+from django.db import connections
+from django.utils import timezone
+
+from reach_platform import heartbeat_door
+from reach_platform.heartbeat_door import HeartbeatDoor
+from registry import heartbeats
+from registry.api.serializers import HeartbeatSerializer
+from registry.choices import InstanceState
+from registry.models import AgentToken, Instance
+from registry.services import agent_token_issue, instance_drain, instances_sweep
+from registry.snapshot import current_version
+from tests import factories
+from tests.support.clock import FakeClock
+
+pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="steady beats need Redis")
+
+T0 = 1_900_000_000.0  # the injected clock's start (epoch seconds)
+
+
+class Platform:
+    """The door before Django, with a counting fallback, driven over ASGI."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        django_app = get_asgi_application()
+        self.fallback_calls = 0
+
+        async def counted(scope, receive, send):
+            self.fallback_calls += 1
+            await django_app(scope, receive, send)
+
+        self.clock = clock
+        self.door = HeartbeatDoor(counted, clock=clock, monotonic=clock)
+        # One loop for the test: the door's Redis client belongs to the loop it began on.
+        self.loop = asyncio.new_event_loop()
+
+    def beat(self, instance: Instance, token: str, body=None) -> httpx.Response:
+        async def go():
+            transport = httpx.ASGITransport(app=self.door)
+            async with httpx.AsyncClient(transport=transport,
+                                         base_url="http://127.0.0.1") as client:
+                return await client.post(
+                    f"/api/v1/instances/{instance.pk}/heartbeat",
+                    content=orjson.dumps(body if body is not None else {}),
+                    headers={"Authorization": f"Bearer {token}",
+                             "Content-Type": "application/json"})
+        return self.loop.run_until_complete(go())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.door.aclose())
+        # The door's lookups ran in asgiref's thread: its connection ends with the test.
+        self.loop.run_until_complete(sync_to_async(connections.close_all)())
+        self.loop.close()
+
+
+@pytest.fixture
+def fleet(transactional_db, monkeypatch):
+    factories.seed_defaults()
+    tenant = factories.tenant()
+    agent = factories.agent(owner=tenant, lease_ttl_seconds=30, heartbeat_interval_seconds=10)
+    factories.capability(agent=agent, capability_id="echo.one")
+    instance = factories.instance(agent=agent)
+    token = agent_token_issue(agent=agent)
+    clock = FakeClock(T0)
+    # The view's services read Django's clock: the same injected one.
+    monkeypatch.setattr(timezone, "now", lambda: at(clock()))
+    platform = Platform(clock)
+    yield platform, instance, token
+    platform.close()
+    heartbeats.forget(instance.pk)
+
+
+def at(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def test_a_steady_beat_touches_no_row_and_moves_no_version_until_the_flush(fleet):
+    platform, instance, token = fleet
+    first = platform.beat(instance, token, {"cpu": 0.1})
+    assert first.status_code == 200, first.text
+    assert platform.fallback_calls == 1  # the first beat is judged by the database
+    version = current_version()
+    for n in range(1, 6):
+        platform.clock.advance(10)
+        reply = platform.beat(instance, token, {"cpu": 0.1, "queue_depth": n})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["state"] == "healthy"
+        assert reply.json()["heartbeat_interval_seconds"] == 10
+    assert platform.fallback_calls == 1
+    assert current_version() == version
+    instance.refresh_from_db()
+    assert instance.lease_expires_at == at(T0 + 30)  # the database has not seen them
+    assert instance.queue_depth == 0
+
+    assert heartbeats.flush() == 1
+    instance.refresh_from_db()
+    assert instance.lease_expires_at == at(T0 + 50 + 30)
+    assert instance.last_heartbeat_at == at(T0 + 50)
+    assert instance.queue_depth == 5
+    assert current_version() == version
+
+
+def test_the_sweep_does_not_take_a_lease_renewed_only_in_redis_for_a_lapse(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    platform.clock.advance(25)
+    platform.beat(instance, token)  # steady: renews to T0 + 55 in Redis only
+    assert platform.fallback_calls == 1
+    counts = instances_sweep(now=at(T0 + 40))
+    assert counts["unknown"] == 0
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.HEALTHY
+    assert instance.lease_expires_at == at(T0 + 55)
+
+    # Silent past the renewed lease: unknown, and the next beat is judged by the database
+    # (a return within 2 x TTL is a flap) and moves a version.
+    assert instances_sweep(now=at(T0 + 56))["unknown"] == 1
+    platform.clock.now = T0 + 60
+    version = current_version()
+    back = platform.beat(instance, token)
+    assert back.status_code == 200 and platform.fallback_calls == 2
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.HEALTHY and instance.flaps == 1
+    assert current_version() > version
+
+
+def test_a_lapsed_lease_is_judged_by_the_database_even_before_the_sweep(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    platform.clock.advance(31)  # lease (T0 + 30) lapsed; no sweep ran
+    platform.beat(instance, token)
+    assert platform.fallback_calls == 2
+    instance.refresh_from_db()
+    assert instance.flaps == 1
+
+
+@pytest.mark.parametrize(("body", "change"), [
+    ({"cpu": 0.95}, ("health_tier", "overloaded")),
+    ({"in_flight": 3, "processed_recent": 0}, ("health_tier", "sub_healthy")),
+    ({"capabilities_available": []}, ("capabilities_available", [])),
+])
+def test_a_structural_change_goes_to_the_database_and_moves_a_version(fleet, body, change):
+    platform, instance, token = fleet
+    platform.beat(instance, token, {"capabilities_available": ["echo.one"]})
+    platform.clock.advance(10)
+    platform.beat(instance, token, {"capabilities_available": ["echo.one"]})
+    assert platform.fallback_calls == 1
+    version = current_version()
+    platform.clock.advance(10)
+    assert platform.beat(instance, token, body).status_code == 200
+    assert platform.fallback_calls == 2
+    instance.refresh_from_db()
+    assert getattr(instance, change[0]) == change[1]
+    assert current_version() > version
+
+
+def test_a_drained_instance_is_told_so_at_its_next_beat(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    platform.clock.advance(10)
+    platform.beat(instance, token)
+    instance.refresh_from_db()
+    instance_drain(instance=instance)
+    platform.clock.advance(10)
+    reply = platform.beat(instance, token)
+    assert reply.status_code == 200
+    assert reply.json()["state"] == "draining"
+    assert platform.fallback_calls == 2
+    # And the flush never writes a steady lease over a drain's.
+    heartbeats.flush()
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.DRAINING
+
+
+def test_a_flap_is_forgiven_on_time_although_every_beat_is_steady(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    platform.clock.advance(31)
+    platform.beat(instance, token)  # a flap at T0 + 31: weight halved
+    instance.refresh_from_db()
+    assert instance.flaps == 1
+    for _ in range(7):  # steady until T0 + 101 = the flap + 2 x TTL + 10
+        platform.clock.advance(10)
+        platform.beat(instance, token)
+    instance.refresh_from_db()
+    assert instance.flaps == 0
+    assert platform.fallback_calls == 3  # the first, the flap, the forgiving beat
+
+
+def test_what_the_door_is_not_sure_of_gets_the_views_answer(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    platform.clock.advance(5)
+    base = platform.fallback_calls
+    wrong = platform.beat(instance, token, {"cpu": 0.5, "wieght": 1})
+    assert wrong.status_code == 400
+    assert "wieght" in wrong.json()["error"]["details"]
+    typed = platform.beat(instance, token, {"cpu": True})
+    assert typed.status_code == 400 and "cpu" in typed.json()["error"]["details"]
+    assert platform.beat(instance, token, {"queue_depth": -1}).status_code == 400
+    assert platform.beat(instance, "rat_notarealtoken_xxxxxxxx").status_code == 401
+    other = agent_token_issue(agent=factories.agent(owner=factories.tenant()))
+    assert platform.beat(instance, other).status_code in (403, 404)
+    assert platform.fallback_calls == base + 5
+    # And nothing of that changed the instance's steady record.
+    assert platform.beat(instance, token).status_code == 200
+    assert platform.fallback_calls == base + 5
+
+
+def test_a_revoked_token_stops_renewing_within_the_cache_time(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    AgentToken.objects.update(revoked_at=at(T0))
+    platform.clock.advance(heartbeat_door.TOKEN_CACHE_S + 0.1)
+    assert platform.beat(instance, token).status_code == 401
+
+
+def test_with_redis_away_beats_go_to_the_database(fleet, settings):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    platform.loop.run_until_complete(platform.door.aclose())
+    platform.clock.advance(10)
+    reply = platform.beat(instance, token, {"queue_depth": 7})
+    assert reply.status_code == 200, reply.text
+    instance.refresh_from_db()
+    assert instance.queue_depth == 7
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"cpu": 0}, {"cpu": 1}, {"cpu": 0.5, "memory": 1.0}, {"queue_depth": 2**31 - 1},
+    {"capabilities_available": ["a", "b"]}, {"capabilities_available": []},
+    {"cpu": 1.5}, {"cpu": -0.1}, {"cpu": None}, {"cpu": "0.5"}, {"queue_depth": 1.0},
+    {"queue_depth": True}, {"in_flight": 2**40}, {"capabilities_available": "a"},
+    {"capabilities_available": [1]}, {"capabilities_available": [""]},
+    {"capabilities_available": ["x" * 129]}, {"other": 1}, [], "x", 3,
+])
+def test_the_door_accepts_only_what_the_view_accepts(body):
+    parsed = heartbeat_door.parse(orjson.dumps(body))
+    if parsed is None:
+        return  # the view answers it
+    serializer = HeartbeatSerializer(data=body)
+    assert serializer.is_valid(), serializer.errors
+    heartbeat = serializer.to_heartbeat()
+    assert (heartbeat.load, heartbeat.capabilities_available) == parsed
