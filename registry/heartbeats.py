@@ -2,25 +2,26 @@
 
 A heartbeat that changes nothing structural is a *steady beat*: the instance is
 healthy, its lease has not lapsed, its tier and served capabilities are what they
-were, and no flap is due to be forgiven. One Redis script renews the lease in a
-hash per instance, marks the instance for the next flush and publishes the load
-report (unversioned, applied in O(1) by every gateway). Nothing else runs, in any
-process, whatever the fleet size.
+were, and no flap is due to be forgiven. One Redis script checks the agent token,
+renews the lease in a hash per instance, marks the instance for the next flush and
+publishes the load report (unversioned, applied in O(1) by every gateway). Nothing
+else runs, in any process, whatever the fleet size: no database, no cache to warm.
 
-Every other heartbeat goes the slow way (``registry.services.instance_heartbeat``):
+Every other heartbeat goes to the view (``registry.services.instance_heartbeat``):
 PostgreSQL is updated, a versioned delta goes out if the state changed, and the
-hash is seeded again from the row. The hash thus mirrors a healthy row as the last
-slow heartbeat left it; any other write to the row (drain, deregistration, the
-sweep, a probe's recovery, a registration) deletes it, so the next beat is judged
-against the database again.
+hash is seeded again from the row, with the token the view accepted. The hash thus
+mirrors a healthy row as the last judged heartbeat left it; any other write to the
+row or its agent (drain, deregistration, the sweep, a probe's recovery, a
+registration) deletes it, and revoking a token or disabling its tenant deletes the
+token's key, so the next beat is judged by the database again.
 
 ``flush`` (run by the lease sweep, every 2 s) writes the steady beats' leases and
-load to PostgreSQL, one statement per batch, and only to rows still healthy. A
-row found not healthy loses its hash. Without ``REDIS_URL`` there is no store and
-every heartbeat takes the slow way (the embedded mode has one process).
+load to PostgreSQL, one statement per batch, and only to rows still healthy; a row
+found not healthy loses its hash. Without ``REDIS_URL`` there is no script and every
+heartbeat goes to the view (the embedded mode has one process).
 
-Lost to a Redis restart: at most the beats since the last flush, which only makes
-the next beat slow. With Redis unreachable heartbeats take the slow way.
+Lost to a Redis restart: at most the beats since the last flush, which only sends
+the next beat to the view. With Redis unreachable, heartbeats go to the view.
 """
 
 from __future__ import annotations
@@ -39,30 +40,41 @@ logger = logging.getLogger(__name__)
 FLUSH_BATCH = 1000
 # A hash outlives its lease by this much, so the flush still finds the figures.
 HASH_GRACE_S = 60.0
+# How long an agent token, once accepted by the view, is honoured by the script while
+# the agent keeps beating. Revocation and tenant deactivation delete it at once.
+TOKEN_TTL_MS = 3600 * 1000
 LOAD_FIELDS = ("cpu", "memory", "queue_depth", "in_flight", "processed_recent",
                "errors_recent")
 
-# KEYS: the instance's hash, the dirty set. ARGV: now, new lease, tier, capabilities
-# digest ("" = unchanged), hash ttl in ms, instance pk, the load message to publish,
-# the bus channel, then the load figures in LOAD_FIELDS order.
-# Returns 1 for a steady beat (done), 0 when the slow way must judge it.
+# KEYS: the instance's hash, the dirty set, the presented agent token's key.
+# ARGV: now, tier, capabilities digest ("" = unchanged), instance pk, the bus channel,
+# then the load figures in LOAD_FIELDS order.
+# Returns {1, lease, interval} for a steady beat (done), 0 when the view must judge it.
 BEAT_SCRIPT = """
-local cur = redis.call('HMGET', KEYS[1], 'lease', 'tier', 'caps', 'review')
+local cur = redis.call('HMGET', KEYS[1], 'lease', 'tier', 'caps', 'review', 'agent',
+                       'ttl', 'interval')
 if not cur[1] then return 0 end
+if redis.call('GET', KEYS[3]) ~= cur[5] then return 0 end
 local now = tonumber(ARGV[1])
 if tonumber(cur[1]) <= now then return 0 end
-if cur[2] ~= ARGV[3] then return 0 end
-if ARGV[4] ~= '' and cur[3] ~= ARGV[4] then return 0 end
+if cur[2] ~= ARGV[2] then return 0 end
+if ARGV[3] ~= '' and cur[3] ~= ARGV[3] then return 0 end
 local review = tonumber(cur[4])
 if review > 0 and review < now then return 0 end
-redis.call('HSET', KEYS[1], 'lease', ARGV[2], 'beat', ARGV[1],
-  'cpu', ARGV[9], 'memory', ARGV[10], 'queue_depth', ARGV[11], 'in_flight', ARGV[12],
-  'processed_recent', ARGV[13], 'errors_recent', ARGV[14])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('SADD', KEYS[2], ARGV[6])
-redis.call('PUBLISH', ARGV[8], ARGV[7])
-return 1
-"""
+local lease = now + tonumber(cur[6])
+local lease_text = string.format('%.6f', lease)
+redis.call('HSET', KEYS[1], 'lease', lease_text, 'beat', ARGV[1],
+  'cpu', ARGV[6], 'memory', ARGV[7], 'queue_depth', ARGV[8], 'in_flight', ARGV[9],
+  'processed_recent', ARGV[10], 'errors_recent', ARGV[11])
+redis.call('PEXPIRE', KEYS[1], math.floor((tonumber(cur[6]) + GRACE) * 1000))
+redis.call('PEXPIRE', KEYS[3], TOKEN_TTL_MS)
+redis.call('SADD', KEYS[2], ARGV[4])
+redis.call('PUBLISH', ARGV[5], cjson.encode({type = 'load', agent_pk = tonumber(cur[5]),
+  instance_pk = tonumber(ARGV[4]), cpu = tonumber(ARGV[6]), memory = tonumber(ARGV[7]),
+  queue_depth = tonumber(ARGV[8]), in_flight = tonumber(ARGV[9]),
+  lease_expires_at = lease}))
+return {1, lease_text, cur[7]}
+""".replace("GRACE", repr(HASH_GRACE_S)).replace("TOKEN_TTL_MS", str(TOKEN_TTL_MS))
 
 
 def capabilities_digest(capabilities: list[str] | None) -> str:
@@ -77,27 +89,32 @@ def key(pk: int) -> str:
     return f"{settings.REDIS_KEY_PREFIX}hb:{pk}"
 
 
+def token_key(key_hash: str) -> str:
+    """Keyed by the token's SHA-256, as stored in the database: never the token."""
+    return f"{settings.REDIS_KEY_PREFIX}hbtok:{key_hash}"
+
+
 def dirty_key() -> str:
     return f"{settings.REDIS_KEY_PREFIX}hb:dirty"
 
 
-def hash_ttl_ms(lease: float, now: float) -> int:
-    return int((lease - now + HASH_GRACE_S) * 1000)
+def _client():
+    return _client_for(settings.REDIS_URL)
 
 
 @cache
-def _client():
+def _client_for(url: str):
     import redis
 
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
-                                socket_connect_timeout=1, health_check_interval=10)
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1,
+                                health_check_interval=10)
 
 
 def enabled() -> bool:
     return bool(settings.REDIS_URL)
 
 
-# ---- what the slow way writes ---------------------------------------------------------
+# ---- what the view writes -------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -105,10 +122,13 @@ class Steady:
     """A healthy row as a slow heartbeat left it: what later beats are compared with."""
 
     pk: int
+    agent_pk: int
     lease: float
+    lease_ttl_s: int
+    interval_s: int
     tier: str
     capabilities: list[str]
-    # Epoch seconds after which the slow way must look again (a flap to forgive); 0 never.
+    # Epoch seconds after which the view must look again (a flap to forgive); 0 never.
     review: float
 
 
@@ -119,33 +139,59 @@ def seed(steady: Steady, *, now: float) -> None:
     try:
         pipe = _client().pipeline(transaction=True)
         pipe.hset(key(steady.pk), mapping={
-            "lease": repr(steady.lease), "tier": steady.tier,
+            "lease": repr(steady.lease), "tier": steady.tier, "agent": str(steady.agent_pk),
             "caps": capabilities_digest(steady.capabilities), "review": repr(steady.review),
+            "ttl": str(steady.lease_ttl_s), "interval": str(steady.interval_s),
         })
-        pipe.pexpire(key(steady.pk), hash_ttl_ms(steady.lease, now))
+        pipe.pexpire(key(steady.pk), int((steady.lease - now + HASH_GRACE_S) * 1000))
         pipe.execute()
     except Exception as exc:
-        # The next beat then takes the slow way again; nothing is lost.
+        # The next beat then goes to the view again; nothing is lost.
         logger.warning("heartbeats: could not seed instance %s (%s)", steady.pk,
                        type(exc).__name__)
 
 
-def forget(*pks: int) -> None:
-    """The rows changed otherwise: the next beat of each is judged by the database."""
-    if not enabled() or not pks:
+def seed_token(key_hash: str, agent_pk: int) -> None:
+    """The view accepted this agent token for a heartbeat: the script may too."""
+    if not enabled():
         return
     try:
-        _client().delete(*(key(pk) for pk in pks))
+        _client().set(token_key(key_hash), str(agent_pk), px=TOKEN_TTL_MS)
     except Exception as exc:
-        # A stale hash is bounded: the flush writes only to healthy rows and deletes
-        # the hashes of the others within one period.
-        logger.warning("heartbeats: could not forget %d instance(s) (%s)", len(pks),
-                       type(exc).__name__)
+        logger.warning("heartbeats: could not seed a token (%s)", type(exc).__name__)
 
 
-def forget_on_commit(pk: int) -> None:
-    if enabled():
-        transaction.on_commit(lambda: forget(pk))
+def forget(*pks: int) -> None:
+    """The rows changed otherwise: the next beat of each is judged by the database."""
+    _delete([key(pk) for pk in pks])
+
+
+def forget_tokens(*key_hashes: str) -> None:
+    """Revoked or their tenant disabled: the next beat with each goes to the view."""
+    _delete([token_key(h) for h in key_hashes])
+
+
+def _delete(keys: list[str]) -> None:
+    if not enabled() or not keys:
+        return
+    try:
+        _client().delete(*keys)
+    except Exception as exc:
+        # Bounded: a stale instance hash lasts until the next flush (which writes only
+        # healthy rows and deletes the others' hashes); a stale token key, until Redis
+        # comes back and the next revocation. Logged loudly for that reason.
+        logger.error("heartbeats: could not delete %d key(s) (%s)", len(keys),
+                     type(exc).__name__)
+
+
+def forget_on_commit(*pks: int) -> None:
+    if enabled() and pks:
+        transaction.on_commit(lambda: forget(*pks))
+
+
+def forget_tokens_on_commit(*key_hashes: str) -> None:
+    if enabled() and key_hashes:
+        transaction.on_commit(lambda: forget_tokens(*key_hashes))
 
 
 def renewed_lease(pk: int) -> dt.datetime | None:

@@ -301,9 +301,11 @@ def _seed_steady(instance: Instance, ttl: dt.timedelta, now: dt.datetime) -> Non
     if instance.state != InstanceState.HEALTHY:
         heartbeats.forget_on_commit(instance.pk)
         return
+    agent = instance.agent
     review = (instance.last_flap_at + 2 * ttl).timestamp() if instance.flaps else 0.0
     steady = heartbeats.Steady(
-        pk=instance.pk, lease=instance.lease_expires_at.timestamp(),
+        pk=instance.pk, agent_pk=agent.pk, lease=instance.lease_expires_at.timestamp(),
+        lease_ttl_s=agent.lease_ttl_seconds, interval_s=agent.heartbeat_interval_seconds,
         tier=instance.health_tier, capabilities=list(instance.capabilities_available),
         review=review)
     transaction.on_commit(lambda: heartbeats.seed(steady, now=now.timestamp()))

@@ -11,7 +11,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from registry import heartbeats, routes
-from registry.models import Agent, Capability, Instance
+from registry.models import Agent, AgentToken, Capability, Instance
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
 _KINDS = {Tenant: "tenant", ApiKey: "api_key", Grant: "grant", Credential: "credential",
@@ -24,6 +24,9 @@ def _route_change(sender, instance, **kwargs) -> None:
         return  # fixtures loading
     if sender is Agent:
         routes.changed("agent", instance.pk)
+        # Its lease TTL or interval may have changed: each instance's next beat is
+        # judged by the database (deleted instances are forgotten one by one).
+        heartbeats.forget_on_commit(*instance.instances.values_list("pk", flat=True))
     elif sender in (Capability, Instance):
         routes.changed("agent", instance.agent_id)
         if sender is Instance:
@@ -31,3 +34,10 @@ def _route_change(sender, instance, **kwargs) -> None:
             heartbeats.forget_on_commit(instance.pk)
     elif sender in _KINDS:
         routes.changed(_KINDS[sender], instance.pk)
+    if sender is AgentToken:
+        heartbeats.forget_tokens_on_commit(instance.key_hash)
+    elif sender is Tenant:
+        # Disabled (or changed): its agents' tokens go back to the view, which refuses
+        # them if the tenant is disabled.
+        heartbeats.forget_tokens_on_commit(*AgentToken.objects.filter(
+            agent__owner_tenant_id=instance.pk).values_list("key_hash", flat=True))

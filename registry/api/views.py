@@ -10,8 +10,10 @@ from rest_framework.views import APIView
 
 from audit.models import AuditAction, AuditSource
 from audit.services import audit_record
+from reach_core import keys
 from reach_platform.api import TenantScopedViewSet
 from reach_platform.parsers import StrictJSONParser
+from registry import heartbeats
 from registry.api.parsers import TextYAMLParser, XYAMLParser, YAMLTextParser
 from registry.api.serializers import (
     AgentSerializer,
@@ -151,6 +153,11 @@ class InstanceViewSet(TenantScopedViewSet):
         body = HeartbeatSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         instance = instance_heartbeat(instance=instance, heartbeat=body.to_heartbeat())
+        if self.principal.agent_pk == instance.agent_id:
+            # The agent's own token: its next steady beats need not come here.
+            token = request.headers.get("Authorization", "").partition(" ")[2].strip()
+            transaction.on_commit(lambda: heartbeats.seed_token(keys.hash_key(token),
+                                                                instance.agent_id))
         return Response({
             "state": instance.state, "health_tier": instance.health_tier,
             "lease_expires_at": instance.lease_expires_at,

@@ -44,7 +44,7 @@ class Platform:
             await django_app(scope, receive, send)
 
         self.clock = clock
-        self.door = HeartbeatDoor(counted, clock=clock, monotonic=clock)
+        self.door = HeartbeatDoor(counted, clock=clock)
         # One loop for the test: the door's Redis client belongs to the loop it began on.
         self.loop = asyncio.new_event_loop()
 
@@ -221,12 +221,37 @@ def test_what_the_door_is_not_sure_of_gets_the_views_answer(fleet):
     assert platform.fallback_calls == base + 5
 
 
-def test_a_revoked_token_stops_renewing_within_the_cache_time(fleet):
+def test_a_revoked_token_or_a_disabled_tenant_is_refused_at_the_next_beat(fleet):
     platform, instance, token = fleet
     platform.beat(instance, token)
-    AgentToken.objects.update(revoked_at=at(T0))
-    platform.clock.advance(heartbeat_door.TOKEN_CACHE_S + 0.1)
+    platform.clock.advance(1)
+    assert platform.beat(instance, token).status_code == 200
+    row = AgentToken.objects.get(agent=instance.agent_id)
+    row.revoked_at = at(platform.clock())
+    row.save()
     assert platform.beat(instance, token).status_code == 401
+
+    fresh = agent_token_issue(agent=instance.agent)
+    platform.beat(instance, fresh)
+    assert platform.beat(instance, fresh).status_code == 200
+    tenant = instance.agent.owner_tenant
+    tenant.is_active = False
+    tenant.save()
+    assert platform.beat(instance, fresh).status_code == 401
+
+
+def test_a_token_of_another_agent_never_renews_this_instance(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    other_agent = factories.agent(owner=instance.agent.owner_tenant)
+    other_instance = factories.instance(agent=other_agent)
+    other = agent_token_issue(agent=other_agent)
+    platform.beat(other_instance, other)  # known to Redis now, for its own instance
+    assert platform.beat(other_instance, other).status_code == 200
+    steady = platform.fallback_calls
+    assert platform.beat(instance, other).status_code == 404  # not its own: not found
+    assert platform.fallback_calls == steady + 1
+    heartbeats.forget(other_instance.pk)
 
 
 def test_with_redis_away_beats_go_to_the_database(fleet, settings):
