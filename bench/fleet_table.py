@@ -5,8 +5,10 @@
 In process, no servers: builds the wire form of a table of N agents (each with two
 capabilities and five instances), then measures, per N, what a subscriber does:
 loading it (``table_from_wire`` + indexes), the resident memory it adds, applying one
-agent's delta, applying one heartbeat's load report, rebuilding the intent texts, and
-finding an agent by name (the chat door). Figures are per process on this machine;
+agent's delta, applying one heartbeat's load report, rebuilding the intent texts,
+updating the intent index for one agent whose capability text changed (what
+``IntentIndexHolder`` does per registration), and finding an agent by name (the chat
+door). Figures are per process on this machine;
 the growth with N is the point. Prints one ``fleet_table`` line per N.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import statistics
 import sys
 import time
@@ -29,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from routing.router import capability_texts  # noqa: E402
+from routing.router import IntentIndexHolder, capability_texts  # noqa: E402
 from routing.table import (  # noqa: E402
     AgentEntry,
     CapabilityEntry,
@@ -71,6 +74,19 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(samples)
 
 
+def intent_update_ms(table: RouteTable, some: AgentEntry, repeat: int) -> float:
+    """Median milliseconds of the intent index's update after ``some`` changed its
+    capabilities' description (the index built over ``table`` first, untimed)."""
+    caps = tuple(replace(c, description=c.description + " Now also in French.")
+                 for c in some.capabilities)
+    other = table.apply(Delta(version=table.version + 1, kind="agent", op="upsert",
+                              pk=some.pk, entry=replace(some, capabilities=caps)))
+    holder = IntentIndexHolder()
+    holder.update(table)
+    tables = itertools.cycle((other, table))  # each update: that one agent changed
+    return timed(lambda: holder.update(next(tables)), repeat)
+
+
 def measure(n: int) -> dict[str, float]:
     # As a subscriber gets it: the snapshot's bytes (or a reload's rows), decoded.
     data = orjson.dumps(table_to_wire(fleet(n).indexed()))
@@ -99,6 +115,7 @@ def measure(n: int) -> dict[str, float]:
         "delta_ms": round(timed(lambda: table.apply(delta), 5), 2),
         "heartbeat_us": round(timed(lambda: table.apply_load(report), 200) * 1000, 2),
         "intent_texts_ms": round(timed(lambda: capability_texts(table), 3), 1),
+        "intent_update_ms": round(intent_update_ms(table, some, 5), 1),
         "by_name_us": round(timed(lambda: table.agents_by_name[name], 200) * 1000, 2),
     }
 

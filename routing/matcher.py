@@ -10,9 +10,10 @@ when a declared keyword appears verbatim in the request.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -104,7 +105,15 @@ class Match:
 
 
 class IntentIndex:
-    """An inverted index over capability texts. Build once per route table; read-only."""
+    """An inverted index over capability texts; read-only.
+
+    ``updated`` makes the index of a changed set of texts from this one: only the
+    changed texts are featurised (and embedded), everything else is shared. For that,
+    postings keep raw term frequencies: what depends on every document (idf, the average
+    length) comes from counts a change adjusts, and BM25 weights are worked out when a
+    request is scored. Where a text sits in the index changes no answer, so an updated
+    index answers exactly as one built from scratch over the same texts.
+    """
 
     def __init__(
         self,
@@ -114,65 +123,151 @@ class IntentIndex:
         threshold: float = DEFAULT_THRESHOLD,
     ) -> None:
         self.threshold = threshold
-        self._ids = [c.capability_id for c in capabilities]
-        self._id_set = frozenset(self._ids)
-        docs = []
-        for c in capabilities:
-            doc = features(c.document())
-            if c.changes_language:
-                doc[TO_LANGUAGE] += 2
-            docs.append(doc)
-        df: Counter = Counter()
-        for doc in docs:
-            df.update(doc.keys())
-        n = len(docs)
-        # BM25's idf, floored so a feature in every document still counts a little.
-        self._idf = {
-            f: max(0.05, math.log(1 + (n - d + 0.5) / (d + 0.5))) for f, d in df.items()
-        }
-        self._max_idf = max(self._idf.values(), default=1.0)
-        lengths = [sum(doc.values()) for doc in docs]
-        average = (sum(lengths) / n) if n else 1.0
-        postings: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for index, doc in enumerate(docs):
-            norm = BM25_K1 * (1 - BM25_B + BM25_B * lengths[index] / average)
-            for f, tf in doc.items():
-                # Saturating term frequency, shorter documents favoured: BM25.
-                postings[f].append((index, tf * (BM25_K1 + 1) / (tf + norm)))
-        # All postings in two flat arrays, each feature a slice of them: a request
-        # gathers its features' slices and sums them per document in one bincount.
-        self._slices: dict[str, tuple[int, int]] = {}
-        flat_docs: list[int] = []
-        flat_weights: list[float] = []
-        for f, rows in postings.items():
-            start = len(flat_docs)
-            flat_docs.extend(i for i, _ in rows)
-            flat_weights.extend(w for _, w in rows)
-            self._slices[f] = (start, len(flat_docs))
-        self._flat_docs = np.array(flat_docs, dtype=np.int64)
-        self._flat_weights = np.array(flat_weights, dtype=np.float64)
-        # Each distinct keyword once, with the capabilities that declare it.
-        keyword_docs: dict[tuple[bool, str], list[int]] = defaultdict(list)
-        for index, c in enumerate(capabilities):
-            for matcher in _keyword_matchers(c.keywords):
-                keyword_docs[matcher].append(index)
-        # Found by where they start (two characters, or the first word's stem), so a
-        # request checks a handful of keywords, not every keyword of every capability.
-        self._keywords_by_start: dict[str, list[tuple[bool, str, np.ndarray]]] = (
-            defaultdict(list)
-        )
-        for (cjk, needle), indices in keyword_docs.items():
-            start = needle[:2] if cjk else needle.split()[0]
-            self._keywords_by_start[start].append(
-                (cjk, needle, np.array(indices, dtype=np.int32)))
-        self._keeps_language = np.array([not c.changes_language for c in capabilities],
-                                        dtype=bool)
-        self._speller = Speller(w for c in capabilities for w in words(c.document()))
         self._embedder = embedder
-        self._vectors = embedder.embed([c.document() for c in capabilities]) if embedder else None
+        # Per slot, the text there; None is a free slot, taken by the next text added.
+        self._texts: list[CapabilityText | None] = []
+        self._slots: dict[str, int] = {}
+        self._free: list[int] = []
+        self._lengths = np.zeros(0)
+        self._keeps_language = np.zeros(0, dtype=bool)
+        self._vectors: list | None = [] if embedder else None
+        # Per feature, a (2, documents) array: the slots it occurs in, and how often.
+        self._postings: dict[str, np.ndarray] = {}
+        # How many features occur in each number of documents: the rarest gives max idf.
+        self._df_counts: Counter = Counter()
+        self._total_length = 0
+        # Each distinct keyword once, with the slots of the capabilities that declare it,
+        # found by where it starts (two characters, or the first word's stem), so a
+        # request checks a handful of keywords, not every keyword of every capability.
+        self._keyword_slots: dict[tuple[bool, str], np.ndarray] = {}
+        self._keywords_by_start: dict[str, tuple[tuple[bool, str], ...]] = {}
+        self._speller = Speller()
+        self._change([], list(capabilities))
+
+    def updated(self, texts: Iterable[CapabilityText] = (),
+                removed: Iterable[str] = ()) -> IntentIndex:
+        """This index with ``texts`` replacing (or joining) those of their ids, and the
+        ``removed`` ids gone; ``self`` when that changes nothing. Equal to an index built
+        from scratch over the resulting texts. Ids must be unique."""
+        slots = self._slots
+        new = [c for c in texts if self._text_of(c.capability_id) != c]
+        leaving = {c.capability_id for c in new if c.capability_id in slots}
+        leaving.update(cid for cid in removed if cid in slots)
+        if not new and not leaving:
+            return self
+        index = copy.copy(self)
+        index._change([self._texts[slots[cid]] for cid in leaving], new)
+        return index
+
+    def _text_of(self, capability_id: str) -> CapabilityText | None:
+        slot = self._slots.get(capability_id)
+        return None if slot is None else self._texts[slot]
+
+    def _change(self, gone: list[CapabilityText], new: list[CapabilityText]) -> None:
+        """Take ``gone`` out and put ``new`` in, on a fresh copy: every container this
+        touches is copied first, for readers of the index it was copied from."""
+        texts, slots, free = list(self._texts), dict(self._slots), list(self._free)
+        leaving = [(slots.pop(c.capability_id), _parts(c)) for c in gone]
+        for slot, _ in leaving:
+            texts[slot] = None
+            free.append(slot)
+        joining = []
+        for c in new:
+            slot = free.pop() if free else len(texts)
+            if slot == len(texts):
+                texts.append(None)
+            texts[slot] = c
+            slots[c.capability_id] = slot
+            joining.append((slot, _parts(c)))
+        self._texts, self._slots, self._free = texts, slots, free
+        self._total_length += sum(p.length for _, p in joining) - sum(
+            p.length for _, p in leaving)
+        self._lengths = _per_slot(self._lengths, len(texts),
+                                  ((s, p.length) for s, p in joining))
+        self._keeps_language = _per_slot(self._keeps_language, len(texts),
+                                         ((s, not c.changes_language)
+                                          for (s, _), c in zip(joining, new, strict=True)))
+        if self._vectors is not None:
+            vectors = self._embedder.embed([c.document() for c in new]) if new else []
+            self._vectors = self._vectors + [None] * (len(texts) - len(self._vectors))
+            for slot, _ in leaving:
+                self._vectors[slot] = None
+            for (slot, _), vector in zip(joining, vectors, strict=True):
+                self._vectors[slot] = vector
+        self._change_postings(leaving, joining)
+        self._change_keywords(leaving, joining)
+        self._speller = self._speller.changed(
+            (w for _, p in leaving for w in p.words), (w for _, p in joining for w in p.words))
+        documents = len(slots)
+        average = (self._total_length / documents) if documents else 1.0
+        # BM25's length normalisation, per slot (shorter documents favoured).
+        self._norms = BM25_K1 * (1 - BM25_B + BM25_B * self._lengths / average)
+        # A feature's idf by how many documents have it: few distinct counts, whatever
+        # the number of features, so worked out anew for every change.
+        self._idf = {d: _idf(documents, d) for d in self._df_counts}
+        self._max_idf = max(self._idf.values(), default=1.0)
+
+    def _change_postings(self, leaving: list[tuple[int, _Parts]],
+                         joining: list[tuple[int, _Parts]]) -> None:
+        out: dict[str, list[int]] = defaultdict(list)
+        into: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for slot, parts in leaving:
+            for f in parts.features:
+                out[f].append(slot)
+        for slot, parts in joining:
+            for f, tf in parts.features.items():
+                rows = into[f]
+                rows[0].append(slot)
+                rows[1].append(tf)
+        postings, df_counts = self._postings.copy(), self._df_counts.copy()
+        for f in out.keys() | into.keys():
+            before = postings.get(f)
+            after = _changed_rows(before, out.get(f, ()), into.get(f))
+            _recount(df_counts, 0 if before is None else before.shape[1],
+                     0 if after is None else after.shape[1])
+            if after is None:
+                postings.pop(f, None)
+            else:
+                postings[f] = after
+        self._postings, self._df_counts = postings, df_counts
+
+    def _change_keywords(self, leaving: list[tuple[int, _Parts]],
+                         joining: list[tuple[int, _Parts]]) -> None:
+        out: dict[tuple[bool, str], list[int]] = defaultdict(list)
+        into: dict[tuple[bool, str], list[int]] = defaultdict(list)
+        for slot, parts in leaving:
+            for matcher in parts.matchers:
+                out[matcher].append(slot)
+        for slot, parts in joining:
+            for matcher in parts.matchers:
+                into[matcher].append(slot)
+        if not out and not into:
+            return
+        keyword_slots, by_start = self._keyword_slots.copy(), self._keywords_by_start.copy()
+        for matcher in out.keys() | into.keys():
+            before = keyword_slots.get(matcher)
+            after = before if before is not None else np.zeros(0, dtype=np.int32)
+            if matcher in out:
+                after = after[_without(after, out[matcher])]
+            if matcher in into:
+                after = np.concatenate([after, np.array(into[matcher], dtype=np.int32)])
+            cjk, needle = matcher
+            start = needle[:2] if cjk else needle.split()[0]
+            if len(after):
+                keyword_slots[matcher] = after
+                if before is None:
+                    by_start[start] = (*by_start.get(start, ()), matcher)
+            else:
+                keyword_slots.pop(matcher, None)
+                kept = tuple(m for m in by_start.get(start, ()) if m != matcher)
+                if kept:
+                    by_start[start] = kept
+                else:
+                    by_start.pop(start, None)
+        self._keyword_slots, self._keywords_by_start = keyword_slots, by_start
 
     def _weight(self, feature: str) -> float:
-        return self._idf.get(feature, 0.0) * _kind_weight(feature)
+        return self._idf[self._postings[feature].shape[1]] * _kind_weight(feature)
 
     def lexical(self, text: str) -> dict[int, float]:
         """How much of the request a capability explains, in [0, 1]: the BM25 score of
@@ -185,47 +280,62 @@ class IntentIndex:
         found = features(text)
         query = {
             f: self._weight(f) * (min(2.5, 1 + 0.5 * (n - 1)) if f[0] == "k" else 1.0)
-            for f, n in found.items() if f in self._idf
+            for f, n in found.items() if f in self._postings
         }
         # Words no capability knows are part of the request too: they count against
         # every match, so "zxqv plorf" sharing one trigram with a document is no match.
         # Unknown Chinese bigrams count less: many are particles and glue.
         unknown = sum(
             1.0 if f[0] == "w" else UNKNOWN_CJK_BIGRAM
-            for f in found if f not in self._idf and (f[0] == "w" or
-                                                      (f[0] == "c" and len(f) == 4))
+            for f in found if f not in self._postings and (f[0] == "w" or
+                                                          (f[0] == "c" and len(f) == 4))
         )
         qnorm = (sum(query.values()) + unknown * self._max_idf) * (BM25_K1 + 1) or 1.0
         if not query:
             return {}
-        spans = [self._slices[f] for f in query]
-        positions = np.concatenate([np.arange(a, b) for a, b in spans])
+        # The query's features' postings side by side, summed per slot in one bincount.
+        rows = [self._postings[f] for f in query]
+        slots, tf = np.concatenate(rows, axis=1)
         scale = np.repeat(np.fromiter(query.values(), dtype=np.float64, count=len(query)),
-                          [b - a for a, b in spans])
-        sums = np.bincount(self._flat_docs[positions],
-                           weights=self._flat_weights[positions] * scale,
-                           minlength=len(self._ids))
+                          [r.shape[1] for r in rows])
+        # Saturating term frequency, shorter documents favoured: BM25.
+        weights = tf * (BM25_K1 + 1) / (tf + self._norms[slots])
+        sums = np.bincount(slots, weights=weights * scale, minlength=len(self._texts))
         sims = sums / qnorm
         lowered = normalise(text)
         stem_list = [stem(w) for w in words(text)]
         stems = " " + " ".join(stem_list) + " "
-        hits = np.zeros(len(self._ids))
+        hits = np.zeros(len(self._texts))
         starts = {lowered[i:i + 2] for i in range(len(lowered) - 1)} | set(stem_list)
         seen: set[str] = set()
         for start in starts:
-            for cjk, needle, indices in self._keywords_by_start.get(start, ()):
+            for matcher in self._keywords_by_start.get(start, ()):
+                cjk, needle = matcher
                 if needle not in seen and needle in (lowered if cjk else stems):
                     seen.add(needle)
-                    hits[indices] += 1
+                    hits[self._keyword_slots[matcher]] += 1
         touched = sums > 0
         sims = np.minimum(1.0, sims + np.minimum(KEYWORD_BONUS_CAP, KEYWORD_BONUS * hits))
         if TO_LANGUAGE in query:
             sims[self._keeps_language] *= OTHER_LANGUAGE_PENALTY
         candidates = np.nonzero(touched & (sims * LEXICAL_WEIGHT >= self.threshold * 0.5))[0]
         if len(candidates) > MAX_CANDIDATES:
-            top = np.argpartition(-sims[candidates], MAX_CANDIDATES)[:MAX_CANDIDATES]
-            candidates = candidates[top]
+            candidates = self._best(candidates, sims)
         return {int(i): float(sims[i]) for i in candidates}
+
+    def _best(self, candidates: np.ndarray, sims: np.ndarray) -> np.ndarray:
+        """The ``MAX_CANDIDATES`` best; ties at the cut go to the smaller capability ids,
+        so the choice does not depend on the slots the texts happen to sit in."""
+        values = sims[candidates]
+        cut = np.partition(values, len(values) - MAX_CANDIDATES)[len(values) - MAX_CANDIDATES]
+        best = candidates[values >= cut]
+        if len(best) == MAX_CANDIDATES:  # no tie across the cut
+            return best
+        above = candidates[values > cut]
+        tied = sorted(candidates[values == cut].tolist(),
+                      key=lambda i: self._texts[i].capability_id)
+        return np.concatenate([above, np.array(tied[:MAX_CANDIDATES - len(above)],
+                                               dtype=above.dtype)])
 
     def scores(self, text: str) -> list[Score]:
         """Every capability at or above the threshold, best first."""
@@ -236,15 +346,16 @@ class IntentIndex:
             (q,) = self._embedder.embed([stripped])
             semantic = {
                 i: max(0.0, sum(a * b for a, b in zip(q, v, strict=True)))
-                for i, v in enumerate(self._vectors)
+                for i, v in enumerate(self._vectors) if v is not None
             }
         out = []
         for index in set(lexical) | set(semantic):
             lex, sem = lexical.get(index, 0.0), semantic.get(index, 0.0)
             total = LEXICAL_WEIGHT * lex + SEMANTIC_WEIGHT * sem
             if total >= self.threshold:
-                out.append(Score(self._ids[index], round(total, 6), 0.0, lex, sem))
-        if stripped in self._id_set:
+                out.append(Score(self._texts[index].capability_id, round(total, 6), 0.0,
+                                 lex, sem))
+        if stripped in self._slots:
             out = [s for s in out if s.capability_id != stripped]
             out.append(Score(stripped, EXACT_SCORE, EXACT_SCORE))
         out.sort(key=lambda s: (-s.score, s.capability_id))
@@ -288,6 +399,79 @@ def index_from_capabilities(
     return IntentIndex(list(capabilities.values()), **kwargs)
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """What one capability text puts in an index. Worked out again when the text leaves
+    rather than kept: kept, it would cost every document its bag of features."""
+
+    features: Counter
+    length: int
+    matchers: tuple[tuple[bool, str], ...]
+    words: frozenset[str]
+
+
+def _parts(c: CapabilityText) -> _Parts:
+    document = c.document()
+    bag = features(document)
+    if c.changes_language:
+        bag[TO_LANGUAGE] += 2
+    return _Parts(bag, sum(bag.values()), _keyword_matchers(c.keywords),
+                  frozenset(w for w in words(document) if _spellable(w)))
+
+
+def _idf(documents: int, frequency: int) -> float:
+    # BM25's idf, floored so a feature in every document still counts a little.
+    return max(0.05, math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5)))
+
+
+def _per_slot(values: np.ndarray, size: int, joining: Iterable[tuple[int, object]]
+              ) -> np.ndarray:
+    """A copy of ``values`` grown to ``size`` with the joining ``(slot, value)`` pairs set.
+    What a free slot holds does not matter: no posting or keyword points at it."""
+    out = np.zeros(size, dtype=values.dtype)
+    out[:len(values)] = values
+    for slot, value in joining:
+        out[slot] = value
+    return out
+
+
+def _changed_rows(rows: np.ndarray | None, leaving: Sequence[int],
+                  joining: tuple[list[int], list[int]] | None) -> np.ndarray | None:
+    """A feature's postings without the ``leaving`` slots and with the ``joining``
+    ``(slots, frequencies)``; None when none are left. Their order within the feature
+    does not matter: a slot is there once, and a request sums per slot."""
+    if rows is not None and leaving:
+        # Row by row: a boolean mask across a (2, n) array is many times slower.
+        keep = _without(rows[0], leaving)
+        rows = np.stack([rows[0][keep], rows[1][keep]])
+    if joining is not None:
+        added = np.array(joining, dtype=np.int32)
+        rows = added if rows is None else np.concatenate([rows, added], axis=1)
+    return rows if rows is not None and rows.shape[1] else None
+
+
+def _without(values: np.ndarray, leaving: Sequence[int]) -> np.ndarray:
+    """The mask of ``values`` not in ``leaving``."""
+    if len(leaving) > 4:
+        return np.isin(values, leaving, invert=True)
+    # One agent changed: a few slots, and comparing to each beats isin's set-up.
+    keep = values != leaving[0]
+    for slot in leaving[1:]:
+        keep &= values != slot
+    return keep
+
+
+def _recount(counts: Counter, before: int, after: int) -> None:
+    if before == after:
+        return
+    if before:
+        counts[before] -= 1
+        if not counts[before]:
+            del counts[before]
+    if after:
+        counts[after] += 1
+
+
 def _keyword_matchers(keywords: Sequence[str]) -> tuple[tuple[bool, str], ...]:
     """``(is_cjk, needle)`` per keyword: CJK keywords match as substrings, others as
     whole stemmed words (so "reviews" finds "review" but "preview" does not)."""
@@ -315,20 +499,36 @@ class Speller:
 
     MIN_LENGTH = 5
 
-    def __init__(self, vocabulary) -> None:
-        self._vocabulary = {w for w in vocabulary if len(w) >= 4 and w.isalpha()}
-        self._deletes: dict[str, set[str]] = defaultdict(set)
-        for word in self._vocabulary:
-            for variant in _deletions(word):
-                self._deletes[variant].add(word)
+    def __init__(self, vocabulary: Iterable[str] = ()) -> None:
+        # How many times each word was given (by an index: how many documents have it).
+        self._counts = Counter(w for w in vocabulary if _spellable(w))
+        self._deletes = _Deletions(self._counts)
+
+    def changed(self, gone: Iterable[str], new: Iterable[str]) -> Speller:
+        """The speller with ``gone`` given once less each and ``new`` once more."""
+        counts = self._counts.copy()
+        for word in gone:
+            counts[word] -= 1
+            if not counts[word]:
+                del counts[word]
+        added = [w for w in new if _spellable(w)]
+        counts.update(added)
+        speller = copy.copy(self)
+        speller._counts = counts
+        # Words that left stay in the shared variants until they are most of them.
+        if len(self._deletes.words) > 2 * len(counts) + 1000:
+            speller._deletes = _Deletions(counts)
+        else:
+            self._deletes.add(added)
+        return speller
 
     def _correct_word(self, word: str) -> str:
-        if len(word) < self.MIN_LENGTH or word in self._vocabulary or not word.isalpha():
+        if len(word) < self.MIN_LENGTH or word in self._counts or not word.isalpha():
             return word
         found = set()
         for variant in _deletions(word):
-            found |= self._deletes.get(variant, set())
-        found = {w for w in found if _one_edit(word, w)}
+            found |= self._deletes.variants.get(variant, set())
+        found = {w for w in found if w in self._counts and _one_edit(word, w)}
         return min(found) if len(found) >= 1 else word
 
     def correct(self, text: str) -> str:
@@ -337,6 +537,29 @@ class Speller:
         if all(k == v for k, v in replaced.items()):
             return lowered
         return " ".join(replaced.get(t, t) for t in lowered.split(" "))
+
+
+class _Deletions:
+    """Words under their one-deletion variants, shared by the spellers an index's
+    updates make: it only grows, and each speller ignores the words it does not have,
+    so adding to it never changes an older speller's answers (and, one dict or set
+    operation at a time under the GIL, never breaks one reading it)."""
+
+    def __init__(self, vocabulary: Iterable[str] = ()) -> None:
+        self.words: set[str] = set()
+        self.variants: dict[str, set[str]] = defaultdict(set)
+        self.add(vocabulary)
+
+    def add(self, vocabulary: Iterable[str]) -> None:
+        for word in vocabulary:
+            if word not in self.words:
+                self.words.add(word)
+                for variant in _deletions(word):
+                    self.variants[variant].add(word)
+
+
+def _spellable(word: str) -> bool:
+    return len(word) >= 4 and word.isalpha()
 
 
 def _deletions(word: str) -> set[str]:

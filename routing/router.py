@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from routing.balancer import SmoothWeightedRoundRobin
@@ -673,40 +673,65 @@ class Router:
 
 
 def capability_texts(table: RouteTable) -> dict[str, CapabilityText]:
-    """One text per capability id; agents offering the same id pool their words."""
-    merged: dict[str, dict] = {}
-    for agent in table.agents.values():
-        for cap in agent.capabilities:
-            entry = merged.setdefault(cap.capability_id, {
-                "display_name": cap.display_name, "descriptions": [], "keywords": [],
-                "changes_language": False,
-            })
-            entry["changes_language"] = entry["changes_language"] or bool(cap.directions)
-            if cap.description and cap.description not in entry["descriptions"]:
-                entry["descriptions"].append(cap.description)
-            for k in cap.keywords:
-                if k not in entry["keywords"]:
-                    entry["keywords"].append(k)
-            entry["display_name"] = entry["display_name"] or cap.display_name
+    """One text per capability id; agents offering the same id pool their words (see
+    ``capability_text``). Read from ``agents_by_capability``: the table is indexed."""
+    return {cid: capability_text(table, cid) for cid in table.agents_by_capability}
+
+
+def capability_text(table: RouteTable, capability_id: str) -> CapabilityText | None:
+    """The pooled text of one capability id, None when no agent offers it. Agents pool
+    in the order of their pks (``agents_by_capability``'s), so a text depends on who
+    offers it, not on the order their entries reached the table."""
+    caps = [cap for pk in table.agents_by_capability.get(capability_id, ())
+            for cap in table.agents[pk].capabilities if cap.capability_id == capability_id]
+    if not caps:
+        return None
+    return CapabilityText(
+        capability_id,
+        next((c.display_name for c in caps if c.display_name), ""),
+        " ".join(d for d in dict.fromkeys(c.description for c in caps) if d),
+        tuple(dict.fromkeys(k for c in caps for k in c.keywords)),
+        any(c.directions for c in caps),
+    )
+
+
+def changed_agents(before: Mapping[int, AgentEntry],
+                   after: Mapping[int, AgentEntry]) -> set[int]:
+    """The pks of the agents added, replaced or removed. A new table shares the entries
+    it did not change with the old one, so identity tells: pointer compares only."""
+    if before is after:
+        return set()
+    changed = {pk for pk, agent in after.items() if before.get(pk) is not agent}
+    added = sum(1 for pk in changed if pk not in before)
+    if len(before) > len(after) - added:  # some were removed
+        changed.update(pk for pk in before if pk not in after)
+    return changed
+
+
+def touched_capabilities(before: RouteTable, after: RouteTable) -> set[str]:
+    """The capability ids whose text may differ between the tables: those the changed
+    agents offered or offer."""
     return {
-        cid: CapabilityText(cid, e["display_name"], " ".join(e["descriptions"]),
-                            tuple(e["keywords"]), e["changes_language"])
-        for cid, e in merged.items()
+        cap.capability_id
+        for pk in changed_agents(before.agents, after.agents)
+        for agent in (before.agents.get(pk), after.agents.get(pk)) if agent is not None
+        for cap in agent.capabilities
     }
 
 
 class IntentIndexHolder:
-    """Rebuilds the intent index when the capabilities' texts change, not on every delta:
-    a heartbeat's state change leaves the index as it was.
+    """Keeps the intent index of the latest table: a change re-reads only the capability
+    ids the changed agents touch, and updates the index for the texts that changed, so
+    its cost is that agent's, not the fleet's; a heartbeat's state change costs nothing.
 
-    ``follow`` rebuilds in a background thread, latest table wins, so neither the
-    bus nor a caller waits for a rebuild; until it lands, calls match against the
+    ``follow`` updates in a background thread, latest table wins, so neither the
+    bus nor a caller waits for an update; until it lands, calls match against the
     previous index and resolve candidates from the current table.
     """
 
     def __init__(self, **index_kwargs) -> None:
         self._kwargs = index_kwargs
-        self._texts: dict[str, CapabilityText] | None = None
+        self._table: RouteTable | None = None
         self.index: IntentIndex | None = None
         self._lock = threading.Lock()
         self._latest: RouteTable | None = None
@@ -730,12 +755,18 @@ class IntentIndexHolder:
                 self.update(table)
 
     def update(self, table: RouteTable) -> None:
-        texts = capability_texts(table)
         with self._lock:
-            if texts == self._texts:
-                return
-            self.index = IntentIndex(list(texts.values()), **self._kwargs)
-            self._texts = texts
+            if self.index is None:
+                self.index = IntentIndex(list(capability_texts(table).values()), **self._kwargs)
+            else:
+                # Only ids the changed agents touch; updated() skips texts that came out
+                # the same (a change of weight or instances, a heartbeat's state).
+                texts = {cid: capability_text(table, cid)
+                         for cid in touched_capabilities(self._table, table)}
+                self.index = self.index.updated(
+                    [t for t in texts.values() if t is not None],
+                    [cid for cid, t in texts.items() if t is None])
+            self._table = table
 
     def __call__(self) -> IntentIndex | None:
         return self.index
