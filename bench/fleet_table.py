@@ -41,7 +41,7 @@ from routing.table import (  # noqa: E402
     LoadReport,
     RouteTable,
     table_from_wire,
-    table_to_wire,
+    table_to_json,
 )
 
 INSTANCES = 5
@@ -89,7 +89,7 @@ def intent_update_ms(table: RouteTable, some: AgentEntry, repeat: int) -> float:
 
 def measure(n: int) -> dict[str, float]:
     # As a subscriber gets it: the snapshot's bytes (or a reload's rows), decoded.
-    data = orjson.dumps(table_to_wire(fleet(n).indexed()))
+    data = table_to_json(fleet(n).indexed())
     gc.collect()
     started = time.perf_counter()
     table = table_from_wire(orjson.loads(data))

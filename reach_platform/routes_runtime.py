@@ -106,6 +106,6 @@ def start_route_subscriber(snapshot_path=None) -> RouteRuntime:
     subscriber = RouteTableSubscriber(
         loader=_load, current_version=_version,
         snapshot_path=snapshot_path or settings.DATA_DIR / "routes.json",
-        identity=database_identity(),
+        identity=database_identity(), snapshot_every_s=settings.ROUTES_SNAPSHOT_EVERY_S,
     )
     return RouteRuntime(subscriber).start()

@@ -263,6 +263,9 @@ GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
 # Whether this process serves the gateway (and so follows the route table). The embedded
 # default serves both; production runs control-plane processes with false, so route-table
 # changes and heartbeats cost them nothing.
+# How often, at most, a gateway writes its route table to DATA_DIR/routes.json, the
+# fallback for a cold start with the database down.
+ROUTES_SNAPSHOT_EVERY_S = env.float("REACH_ROUTES_SNAPSHOT_EVERY_S", default=30.0)
 SERVE_GATEWAY = env.bool("REACH_SERVE_GATEWAY", default=True)
 # The CPU's guard: an event loop late by more than this (ms) three ticks in a row halves the
 # limit on calls in flight until it is on time again (0: off). At 5x for 20 s with

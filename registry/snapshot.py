@@ -36,10 +36,23 @@ def _agents():
     )
 
 
+_AGENT_FIELDS = (
+    "pk", "name", "owner_tenant_id", "version", "description", "protocol", "visibility",
+    "internal_only", "weight", "priority", "traffic_percent", "price_input_per_1k",
+    "price_output_per_1k", "price_per_call", "pool_max_connections", "pool_idle_seconds",
+)
+
+
 def agent_entry(agent: Agent) -> AgentEntry:
+    return _agent_entry(agent, agent.namespace.name,
+                        tuple(capability_entry(c) for c in agent.capabilities.all()),
+                        tuple(instance_entry(i) for i in agent.instances.all()))
+
+
+def _agent_entry(agent, namespace: str, capabilities: tuple, instances: tuple) -> AgentEntry:
     return AgentEntry(
         pk=agent.pk,
-        namespace=agent.namespace.name,
+        namespace=namespace,
         name=agent.name,
         owner_tenant_pk=agent.owner_tenant_id,
         version=agent.version,
@@ -55,14 +68,50 @@ def agent_entry(agent: Agent) -> AgentEntry:
         price_per_call=float(agent.price_per_call),
         pool_max_connections=agent.pool_max_connections,
         pool_idle_seconds=agent.pool_idle_seconds,
-        capabilities=tuple(capability_entry(c) for c in agent.capabilities.all()),
-        instances=tuple(instance_entry(i) for i in agent.instances.all()),
+        capabilities=capabilities,
+        instances=instances,
     )
+
+
+class _Row(dict):
+    """A ``values()`` row read like a model instance, for the builders above."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def all_agent_entries():
+    """Every agent's entry, for a whole table: three plain queries and no model instances
+    (at 10,000 agents x 5 instances the prefetching ORM path spends seconds building
+    objects the entries copy at once)."""
+    capabilities: dict[int, list] = {}
+    for row in Capability.objects.order_by("pk").values("agent_id", *_CAPABILITY_COLUMNS):
+        row["pk"] = row.pop("id")
+        capabilities.setdefault(row["agent_id"], []).append(capability_entry(_Row(row)))
+    instances: dict[int, list] = {}
+    for row in Instance.objects.order_by("pk").values(*_INSTANCE_COLUMNS):
+        row["pk"] = row.pop("id")
+        instances.setdefault(row["agent_id"], []).append(instance_entry(_Row(row)))
+    for row in Agent.objects.order_by("pk").values(*_AGENT_COLUMNS, "namespace__name"):
+        row["pk"] = row.pop("id")
+        yield _agent_entry(_Row(row), row["namespace__name"],
+                           tuple(capabilities.get(row["pk"], ())),
+                           tuple(instances.get(row["pk"], ())))
 
 
 # Every entry field is read from the model attribute of the same name; the entry
 # turns the JSON lists and objects into tuples and read-only mappings itself.
 _CAPABILITY_FIELDS = tuple(f.name for f in dataclasses.fields(CapabilityEntry))
+_CAPABILITY_COLUMNS = tuple("id" if f == "pk" else f for f in _CAPABILITY_FIELDS)
+_INSTANCE_COLUMNS = ("id", "agent_id", "endpoint", "reach_mode", "state", "health_tier",
+                     "flaps", "cpu", "memory", "queue_depth", "in_flight",
+                     "capabilities_available", "lease_expires_at")
+_AGENT_COLUMNS = tuple("id" if f == "pk" else f for f in _AGENT_FIELDS)
 
 
 def capability_entry(c: Capability) -> CapabilityEntry:
@@ -146,7 +195,8 @@ def build_table() -> RouteTable:
     a later version and arrives as a delta (entries are whole rows, so re-applying is safe)."""
     version = current_version()
     collections = {}
-    for attribute, rows, build in BUILDERS.values():
-        entries = (build(row) for row in rows().iterator(chunk_size=2000))
+    for kind, (attribute, rows, build) in BUILDERS.items():
+        entries = (all_agent_entries() if kind == "agent" else
+                   (build(row) for row in rows().iterator(chunk_size=2000)))
         collections[attribute] = types.MappingProxyType({e.pk: e for e in entries if e})
     return RouteTable(version=version, **collections).indexed()

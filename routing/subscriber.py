@@ -18,6 +18,7 @@ Failure modes it is built for:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -33,7 +34,7 @@ from routing.table import (
     delta_from_wire,
     load_from_wire,
     table_from_wire,
-    table_to_wire,
+    table_to_json,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class RouteTableSubscriber:
         current_version: Callable[[], int] | None = None,
         snapshot_path: Path | None = None,
         identity: str = "",
+        snapshot_every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``loader`` builds the whole table (from the database); ``current_version`` asks
         only for the latest version, cheaply, for the periodic check. ``identity`` names
@@ -56,6 +59,12 @@ class RouteTableSubscriber:
         self._current_version = current_version
         self._snapshot_path = snapshot_path
         self._identity = identity
+        # The file is a fallback for a cold start with the database down: a table up to
+        # half a minute old will do, and writing it after every change of a busy fleet
+        # would cost every gateway a full serialisation each time.
+        self._snapshot_every_s = snapshot_every_s
+        self._clock = clock
+        self._persisted_at = -math.inf
         self._lock = threading.RLock()
         self._dirty = False
         self.table = RouteTable()
@@ -144,7 +153,7 @@ class RouteTableSubscriber:
                 self.reconnected()
         if behind:
             self.reload()
-        self.persist_if_dirty()
+        self._persist_when_due()
 
     def reload(self) -> bool:
         """Replace the table from the loader. Returns False (keeping the old one) on failure."""
@@ -170,17 +179,24 @@ class RouteTableSubscriber:
             for pk in [pk for pk in self.table.live if pk not in present]:
                 del self.table.live[pk]
         self.reconnected()
-        self.persist_if_dirty()
+        self._persist_when_due()
         return True
 
     # ---- persistence -------------------------------------------------------------------
 
+    def _persist_when_due(self) -> None:
+        if self._clock() - self._persisted_at >= self._snapshot_every_s:
+            self.persist_if_dirty()
+
     def persist_if_dirty(self) -> None:
         if self._snapshot_path is None or not self._dirty:
             return
+        self._persisted_at = self._clock()
         with self._lock:
             table, self._dirty = self.table, False
-        data = orjson.dumps({"identity": self._identity, "table": table_to_wire(table)})
+        # The identity first, then the table as serialised by orjson: no dict per entry.
+        data = b'{"identity":' + orjson.dumps(self._identity) + b',"table":' + \
+            table_to_json(table) + b"}"
         directory = self._snapshot_path.parent
         directory.mkdir(parents=True, exist_ok=True)
         # Write then rename: a crash mid-write never leaves a torn snapshot behind.

@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 
 from registry.services import agent_register
-from routing.table import table_to_wire
+from routing.table import table_to_json
 from tenants.choices import ApiKeyScope
 from tests import factories
 from tests.gateway.conftest import database_url, scripted_spec
@@ -36,7 +36,7 @@ def test_two_workers_load_from_the_database_and_never_serve_a_foreign_snapshot(
     key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
     ghost, _ = route_table([agent("ghost", "http://127.0.0.1:9/", capability("ghost.cap"))])
     (tmp_path / "routes.json").write_bytes(orjson.dumps(
-        {"identity": "another-database", "table": table_to_wire(ghost)}))
+        {"identity": "another-database", "table": orjson.loads(table_to_json(ghost))}))
     env = platform_env(tmp_path, DATABASE_URL=database_url(),
                        REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS))
     port = free_port()
