@@ -508,6 +508,9 @@ def route_message(decision, table: RouteTable, route: RouteRequest) -> str:
     if named and named != route.capability and not capability_visible(
             table, route.tenant_pk, named):
         named = None
+    if decision.error == "service_unavailable":
+        return ("Routing by intent is starting up: the intent index is still being built. "
+                "Retry in a moment, or name a capability.")
     if decision.error == "no_capability":
         if named:
             return f"No agent offers {named!r} to this tenant."

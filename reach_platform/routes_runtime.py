@@ -6,6 +6,7 @@ once; it keeps the table current from then on in background threads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -77,6 +78,8 @@ class RouteRuntime:
             self.subscriber.start()
         finally:
             connections.close_all()  # this thread's connection ends with it
+            _return_freed_memory()
+
 
     def stop(self) -> None:
         self._stop.set()
@@ -109,3 +112,14 @@ def start_route_subscriber(snapshot_path=None) -> RouteRuntime:
         identity=database_identity(), snapshot_every_s=settings.ROUTES_SNAPSHOT_EVERY_S,
     )
     return RouteRuntime(subscriber).start()
+
+
+def _return_freed_memory() -> None:
+    """Give the C heap freed by a whole-table load back to the system (glibc keeps it
+    otherwise): the rows of a large fleet are the peak, the table is what stays."""
+    import ctypes
+    import ctypes.util
+
+    # Not glibc (no malloc_trim): nothing to ask.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)

@@ -472,7 +472,10 @@ class Router:
             return self._route_capability(table, request, request.capability, (), pick=pick,
                                           exclude=exclude)
         index = self._index()
-        match: Match = index.match(request.intent or "") if index else Match(ranked=())
+        if index is None:
+            # A large fleet's first intent index is still being built (``follow``).
+            return Decision(capability=None, chosen=None, error="service_unavailable")
+        match: Match = index.match(request.intent or "")
         if not match.ranked:
             return Decision(capability=None, chosen=None, error="no_capability")
         if match.plan:
@@ -719,6 +722,9 @@ def touched_capabilities(before: RouteTable, after: RouteTable) -> set[str]:
     }
 
 
+SYNC_FIRST_BUILD_MAX = 1000  # capability ids: about 0.1 s to index
+
+
 class IntentIndexHolder:
     """Keeps the intent index of the latest table: a change re-reads only the capability
     ids the changed agents touch, and updates the index for the texts that changed, so
@@ -738,7 +744,14 @@ class IntentIndexHolder:
         self._wake = threading.Event()
 
     def follow(self, subscriber) -> None:
-        self.update(subscriber.table)
+        """Keep up with ``subscriber``'s table. A small first index is built at once; a
+        large one (1 s at 10,000 capabilities) in the background, so a gateway serves
+        calls that name their capability at once, and intent calls answer 503 with
+        Retry-After until the index is there."""
+        if len(subscriber.table.agents_by_capability) <= SYNC_FIRST_BUILD_MAX:
+            self.update(subscriber.table)
+        else:
+            self._schedule(subscriber.table)
         subscriber.on_change(self._schedule)
         threading.Thread(target=self._rebuild_loop, name="intent-index", daemon=True).start()
 

@@ -397,10 +397,15 @@ def entry_to_wire(entry: Any) -> dict:
     return {f.name: _thaw(getattr(entry, f.name)) for f in fields(entry)}
 
 
+_EMPTY_MAPPING = types.MappingProxyType({})
+
+
 def freeze(value: Any) -> Any:
     """Deep read-only copy of JSON data: dicts become mapping proxies, lists tuples."""
     if isinstance(value, dict):
-        return types.MappingProxyType({k: freeze(v) for k, v in value.items()})
+        # Most capabilities leave most schemas empty: one shared empty mapping for all.
+        return types.MappingProxyType({k: freeze(v) for k, v in value.items()}) if value \
+            else _EMPTY_MAPPING
     if isinstance(value, list):
         return tuple(freeze(v) for v in value)
     return value

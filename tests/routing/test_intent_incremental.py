@@ -226,3 +226,48 @@ def test_the_rarest_feature_left_sets_what_an_unknown_word_costs():
     fresh = IntentIndex(twins)
     for text in ("summarise this zxqv report", "summarise reports"):
         assert index.scores(text) == fresh.scores(text), text
+
+
+def test_a_large_first_index_is_built_off_the_start_and_intent_calls_wait_for_it():
+    """A gateway of a large fleet serves calls that name their capability at once; an
+    intent call until the index exists is a retryable 503, not a wrong 'no match'."""
+    import threading
+
+    from routing.router import SYNC_FIRST_BUILD_MAX, Router, RouteRequest
+    from tests.routing.tables import agent as fleet_agent
+    from tests.routing.tables import table as fleet_table
+    from tests.support.waiting import wait_for
+
+    agents = [fleet_agent(f"a{n}", f"fleet.cap{n}",
+                          cap={"description": f"answers fleet question number {n}"})
+              for n in range(SYNC_FIRST_BUILD_MAX + 1)]
+    agents.append(fleet_agent("xl", "translate.text",
+                              cap={"description": "translate text between languages"}))
+    big = fleet_table(*agents)
+
+    class Subscriber:
+        table = big
+
+        def on_change(self, listener):
+            pass
+
+    holder = IntentIndexHolder()
+    release, building = threading.Event(), threading.Event()
+    update = holder.update
+
+    def held_update(table):
+        building.set()
+        release.wait(10)
+        update(table)
+
+    holder.update = held_update
+    holder.follow(Subscriber())
+    router = Router(index=holder)
+    assert building.wait(10)
+    by_intent = RouteRequest(tenant_pk=1, intent="please translate this text")
+    assert router.route(big, by_intent).error == "service_unavailable"
+    named = router.route(big, RouteRequest(tenant_pk=1, capability="fleet.cap7"))
+    assert named.chosen is not None
+    release.set()
+    wait_for(lambda: holder.index is not None, message="the first index")
+    assert router.route(big, by_intent).capability == "translate.text"
