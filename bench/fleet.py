@@ -269,6 +269,7 @@ def measure(n: int, args, env: dict, tenant, keys_: dict, agent_url: str) -> dic
     gateways, ports, firsts = [], [], []
     result: dict = {"agents": n}
     try:
+        wait_port(cp_port, control, "control plane")  # up before the gateways start
         # One after another, as a rolling start does: each gateway's first serve is its
         # own, not four processes' start-up sharing two cores.
         for g in range(args.gateways):
@@ -278,7 +279,6 @@ def measure(n: int, args, env: dict, tenant, keys_: dict, agent_url: str) -> dic
                                   env, port, f"gateway {g}"))
             ports.append(port)
             firsts.append(first_serve(gateways[-1], port, keys_["invoke"], spawned))
-        wait_port(cp_port, control, "control plane")
         rss = [rss_mb(p.pid) for p in gateways]
         private = [private_mb(p.pid) for p in gateways]
         result.update(first_serve_s=max(firsts), gateway_rss_mb=max(rss),
