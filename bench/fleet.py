@@ -269,7 +269,15 @@ def measure(n: int, args, env: dict, tenant, keys_: dict, agent_url: str) -> dic
     gateways, ports, firsts = [], [], []
     result: dict = {"agents": n}
     try:
-        wait_port(cp_port, control, "control plane")  # up before the gateways start
+        # Up (both workers answering) before the gateways start: its start-up is not theirs.
+        wait_port(cp_port, control, "control plane")
+        answered = 0
+        with httpx.Client(base_url=f"http://{HOST}:{cp_port}", timeout=5) as probe:
+            for _ in range(600):
+                answered = answered + 1 if probe.get("/healthz").status_code == 200 else 0
+                if answered >= 20:
+                    break
+                time.sleep(0.05)
         # One after another, as a rolling start does: each gateway's first serve is its
         # own, not four processes' start-up sharing two cores.
         for g in range(args.gateways):
