@@ -112,7 +112,7 @@ def build_application(*, governed: bool = True):
     from channels.routing import ProtocolTypeRouter
     from django.core.asgi import get_asgi_application
 
-    from reach_platform.routes_runtime import start_route_subscriber
+    from reach_platform.routes_runtime import return_freed_memory, start_route_subscriber
     from routing.embedders import configured_embedder
 
     django_application = heartbeat_door(get_asgi_application())
@@ -121,7 +121,7 @@ def build_application(*, governed: bool = True):
     runtime = start_route_subscriber()
     intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
                                 threshold=settings.INTENT_THRESHOLD)
-    intents.follow(runtime.subscriber)
+    intents.follow(runtime.subscriber, after_first=return_freed_memory)
     # Leases are judged as of the moment this process lost its sources, if it did: an
     # outage of ours (the database, the bus) must not look like every agent dying.
     gateway = build_gateway(table=lambda: runtime.subscriber.table,

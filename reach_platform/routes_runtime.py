@@ -78,7 +78,7 @@ class RouteRuntime:
             self.subscriber.start()
         finally:
             connections.close_all()  # this thread's connection ends with it
-            _return_freed_memory()
+            return_freed_memory()
 
 
     def stop(self) -> None:
@@ -114,9 +114,10 @@ def start_route_subscriber(snapshot_path=None) -> RouteRuntime:
     return RouteRuntime(subscriber).start()
 
 
-def _return_freed_memory() -> None:
-    """Give the C heap freed by a whole-table load back to the system (glibc keeps it
-    otherwise): the rows of a large fleet are the peak, the table is what stays."""
+def return_freed_memory() -> None:
+    """Give the C heap freed by a whole-table load (or the first intent index) back to the
+    system, which glibc keeps otherwise: the rows of a large fleet are the peak, the table
+    is what stays (10,000 agents x 5: 13 MB each)."""
     import ctypes
     import ctypes.util
 

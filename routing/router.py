@@ -742,12 +742,15 @@ class IntentIndexHolder:
         self._lock = threading.Lock()
         self._latest: RouteTable | None = None
         self._wake = threading.Event()
+        self._after_first: Callable[[], None] | None = None
 
-    def follow(self, subscriber) -> None:
+    def follow(self, subscriber, *, after_first: Callable[[], None] | None = None) -> None:
         """Keep up with ``subscriber``'s table. A small first index is built at once; a
         large one (1 s at 10,000 capabilities) in the background, so a gateway serves
         calls that name their capability at once, and intent calls answer 503 with
-        Retry-After until the index is there."""
+        Retry-After until the index is there. ``after_first`` runs once the first index
+        exists (the process gives back the memory its build freed)."""
+        self._after_first = after_first
         if len(subscriber.table.agents_by_capability) <= SYNC_FIRST_BUILD_MAX:
             self.update(subscriber.table)
         else:
@@ -771,6 +774,9 @@ class IntentIndexHolder:
         with self._lock:
             if self.index is None:
                 self.index = IntentIndex(list(capability_texts(table).values()), **self._kwargs)
+                after, self._after_first = self._after_first, None
+                if after is not None:
+                    after()
             else:
                 # Only ids the changed agents touch; updated() skips texts that came out
                 # the same (a change of weight or instances, a heartbeat's state).
