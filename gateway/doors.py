@@ -20,7 +20,7 @@ from gateway.http_io import parse_json
 from gateway.pipeline import Call, Request, Result, route_message
 from reach_core.errors import ReachError
 from routing.router import Router, RouteRequest, capability_visible, visible_to
-from routing.table import RouteTable
+from routing.table import RouteTable, name_key
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
 
@@ -118,11 +118,12 @@ def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, na
                          "(or send the X-Reach-Intent header).")
     if model.startswith("capability:"):
         return RouteRequest(capability=model.split(":", 1)[1], **base)
-    for pk in table.agents_by_name.get(model, ()):
+    for pk in table.agents_by_name.get(name_key(model), ()):
         agent = table.agents[pk]
         # Another tenant's private agent is answered exactly like one that does not exist.
         if agent.capabilities and visible_to(table, tenant_pk, agent, agent.capabilities[0]):
-            return RouteRequest(capability=agent.capabilities[0].capability_id, agent=model,
+            named = f"{agent.namespace}/{agent.name}" if "/" in model else agent.name
+            return RouteRequest(capability=agent.capabilities[0].capability_id, agent=named,
                                 **base)
     raise ReachError("no_capability", f"No agent is named {model!r}.")
 

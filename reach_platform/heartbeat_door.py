@@ -30,13 +30,20 @@ from registry.choices import InstanceState
 
 logger = logging.getLogger(__name__)
 
-PATH = re.compile(r"^/api/v1/instances/(\d{1,18})/heartbeat/?$")
+# ASCII digits, no leading zero: any other spelling of an id is the view's to judge.
+PATH = re.compile(r"^/api/v1/instances/([1-9][0-9]{0,17})/heartbeat/?$")
 MAX_BODY = 64 * 1024
 _INT_MAX = 2**31 - 1  # the columns' range
 _FLOATS = ("cpu", "memory")
 _INTS = ("queue_depth", "in_flight", "processed_recent", "errors_recent")
 _KNOWN = frozenset((*_FLOATS, *_INTS, "capabilities_available"))
 _datetime = DateTimeField()
+# What Django's middleware puts on every API answer.
+_HEADERS = (
+    (b"content-type", b"application/json"), (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"), (b"referrer-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
 
 App = Callable[[dict, Callable, Callable], Awaitable[None]]
 
@@ -103,15 +110,15 @@ class HeartbeatDoor:
         self.steady += 1
         request_id = requestid.accept_or_new(_header(scope, b"x-request-id"))
         await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"), (b"x-content-type-options", b"nosniff"),
-            (requestid.HEADER.lower().encode(), request_id.encode()),
-        ]})
+            *_HEADERS, (requestid.HEADER.lower().encode(), request_id.encode())]})
         await send({"type": "http.response.body", "body": reply})
 
     async def _steady(self, scope, pk: int, body: bytes) -> bytes | None:
         token = _agent_token(_header(scope, b"authorization"))
         if token is None:
             return None
+        if body and not _is_json(_header(scope, b"content-type")):
+            return None  # the view answers 415, as for any other API call
         parsed = parse(body)
         if parsed is None:
             return None
@@ -150,6 +157,11 @@ class HeartbeatDoor:
         if self._client is not None:
             await self._client.aclose()
             self._client = self._script = None
+
+
+def _is_json(content_type: str | None) -> bool:
+    return bool(content_type) and content_type.split(";")[0].strip().lower() == \
+        "application/json"
 
 
 def _agent_token(authorization: str | None) -> str | None:

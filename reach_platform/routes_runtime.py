@@ -60,13 +60,8 @@ class RouteRuntime:
         bus = route_bus()
         if isinstance(bus, RedisBus):
             subscriber = self.subscriber
-
-            def connected() -> None:
-                subscriber.reconnected("bus")
-                subscriber.check()
-
             self._subscription = bus.subscribe(
-                subscriber.handle, on_connect=connected,
+                subscriber.handle, on_connect=subscriber.bus_connected,
                 on_disconnect=lambda: subscriber.cut_off("bus"))
         else:
             self._subscription = bus.subscribe(self.subscriber.handle)

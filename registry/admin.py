@@ -22,7 +22,7 @@ from registry.models import (
     Namespace,
     ParameterSynonym,
 )
-from registry.services import instance_drain
+from registry.services import instance_drain, instance_resume
 from tenants.principal import principal_for_request
 
 
@@ -79,7 +79,8 @@ class InstanceInline(admin.TabularInline):
     extra = 0
     show_change_link = True
     fields = ["endpoint", "reach_mode", "state", "health", "last_heartbeat_at", "lease_expires_at"]
-    readonly_fields = ["health", "last_heartbeat_at", "lease_expires_at"]
+    # Heartbeats, the sweep and the drain action write these; a form would save stale ones.
+    readonly_fields = ["state", "health", "last_heartbeat_at", "lease_expires_at"]
 
     @admin.display(description="health")
     def health(self, obj: Instance):
@@ -153,11 +154,13 @@ class InstanceAdmin(TenantScopedAdmin):
     list_select_related = ["agent__namespace"]
     search_fields = ["endpoint", "agent__name"]
     autocomplete_fields = ["agent"]
+    # Heartbeats, the sweep and the drain action write these; a form would save stale ones.
     readonly_fields = [
-        "health_tier", "lease_expires_at", "last_heartbeat_at", "cpu", "memory", "queue_depth",
-        "in_flight", "created_at",
+        "state", "state_changed_at", "health_tier", "lease_expires_at", "last_heartbeat_at",
+        "cpu", "memory", "queue_depth", "in_flight", "processed_recent", "errors_recent",
+        "capabilities_available", "flaps", "last_flap_at", "created_at",
     ]
-    actions = ["drain"]
+    actions = ["drain", "resume"]
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Instance):
@@ -181,6 +184,19 @@ class InstanceAdmin(TenantScopedAdmin):
                 audit_admin_write(request, instance, AuditAction.ACTION, None)
                 drained += 1
         self.message_user(request, f"Draining {drained} instance(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume selected drained instances (calls again)")
+    def resume(self, request, queryset):
+        principal = principal_for_request(request)
+        resumed = 0
+        for instance in queryset.select_related("agent"):
+            if principal.can_manage(instance.agent.owner_tenant_id):
+                before = instance.state
+                instance_resume(instance=instance)
+                if instance.state != before:
+                    audit_admin_write(request, instance, AuditAction.ACTION, None)
+                    resumed += 1
+        self.message_user(request, f"Resumed {resumed} instance(s).", messages.SUCCESS)
 
 
 @admin.register(AgentToken)

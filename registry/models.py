@@ -256,6 +256,9 @@ class Instance(models.Model):
     # removing the instance; reset after a quiet 2 x TTL.
     flaps = models.PositiveSmallIntegerField(default=0)
     last_flap_at = models.DateTimeField(null=True, blank=True)
+    # Set by deregistration: the row goes at this time whatever heartbeats still come
+    # (calls in flight finish meanwhile). Null for an operator's drain.
+    remove_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantScopedQuerySet.as_manager()

@@ -11,6 +11,7 @@ from functools import cache
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from reach_core import keys
@@ -186,6 +187,11 @@ def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime) -> Instance:
     ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
     if instance is None:
         instance = Instance(agent=agent, endpoint=endpoint, state_changed_at=now)
+    elif instance.state == InstanceState.DRAINING and instance.remove_at is not None:
+        # Deregistered, and registered again (a restart at the same endpoint): the agent
+        # left and is back. An operator's drain (no remove_at) stays until lifted.
+        instance.state, instance.state_changed_at, instance.remove_at = (
+            InstanceState.HEALTHY, now, None)
     elif instance.state != InstanceState.DRAINING:
         liveness = health.on_heartbeat(_liveness(instance), now=now, ttl=ttl,
                                        lease_expires_at=instance.lease_expires_at)
@@ -245,6 +251,7 @@ class Heartbeat:
     capabilities_available: list[str] | None = None
 
 
+@transaction.atomic
 def instance_heartbeat(
     *, instance: Instance, heartbeat: Heartbeat, now: dt.datetime | None = None
 ) -> Instance:
@@ -253,6 +260,9 @@ def instance_heartbeat(
     figures alone go out unversioned, so heartbeats never queue on the counter."""
     now = now or timezone.now()
     agent = instance.agent
+    # The row as of now, locked until the commit: a drain or deregistration committed
+    # after the caller read it must not be written over with the state it read.
+    instance = Instance.objects.select_for_update().select_related("agent").get(pk=instance.pk)
     ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
     before = (instance.state, instance.health_tier, list(instance.capabilities_available),
               instance.flaps)
@@ -348,12 +358,14 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
                 counts[nxt.state] += 1
                 routes.changed("agent", instance.agent_id)
                 heartbeats.forget_on_commit(instance.pk)
-    drained = Instance.objects.filter(state=InstanceState.DRAINING, lease_expires_at__lte=now)
+    # Deregistered and past the grace (calls routed to it may run that long), or drained
+    # by an operator and no longer heartbeating.
+    gone = Q(remove_at__lte=now) | Q(remove_at__isnull=True, lease_expires_at__lte=now)
+    drained = Instance.objects.filter(gone, state=InstanceState.DRAINING)
     for instance in drained.only("pk", "agent_id"):
         with transaction.atomic():
             deleted, _ = Instance.objects.filter(
-                pk=instance.pk, state=InstanceState.DRAINING, lease_expires_at__lte=now
-            ).delete()
+                gone, pk=instance.pk, state=InstanceState.DRAINING).delete()
             if deleted:
                 counts["removed"] += 1
     return counts
@@ -368,13 +380,26 @@ def instance_drain(*, instance: Instance) -> Instance:
     return instance
 
 
+def instance_resume(*, instance: Instance, now: dt.datetime | None = None) -> Instance:
+    """Lift a drain: calls may be routed to ``instance`` again. Its lease decides as for
+    any instance (one that stopped heartbeating gets no traffic). A deregistered
+    instance cannot be resumed: the agent left; it comes back by registering."""
+    if instance.state == InstanceState.DRAINING and instance.remove_at is None:
+        instance.state = InstanceState.HEALTHY
+        instance.state_changed_at = now or timezone.now()
+        instance.save(update_fields=["state", "state_changed_at"])
+    return instance
+
+
 def instance_deregister(*, instance: Instance, now: dt.datetime | None = None) -> Instance:
     """Graceful exit: drain at once, delete after ``DRAIN_GRACE``."""
     now = now or timezone.now()
+    if instance.state != InstanceState.DRAINING:
+        instance.state_changed_at = now
     instance.state = InstanceState.DRAINING
-    instance.state_changed_at = now
-    instance.lease_expires_at = now + DRAIN_GRACE
-    instance.save(update_fields=["state", "state_changed_at", "lease_expires_at"])
+    # Deregistering again does not push the removal further out.
+    instance.remove_at = instance.remove_at or now + DRAIN_GRACE
+    instance.save(update_fields=["state", "state_changed_at", "remove_at"])
     return instance
 
 

@@ -131,6 +131,17 @@ class RouteTableSubscriber:
         if not self._cut:
             self.cut_off_since = None
 
+    def bus_connected(self) -> None:
+        """The bus (re)connected. Load reports sent while it was away are lost, and with
+        them the leases their heartbeats renewed; the source of truth heard those
+        heartbeats. So after an outage the table is reloaded *before* leases are judged
+        by the clock again: otherwise every instance would look lapsed until its next
+        heartbeat, and the whole fleet would be refused for up to an interval."""
+        if "bus" in self._cut:
+            self.reload()
+        self.reconnected("bus")
+        self.check()
+
     def lease_clock(self) -> float:
         """The time leases are judged by: now, or the moment this process was cut off."""
         now = time.time()

@@ -12,6 +12,7 @@ produces a new table that shares the unchanged entries with the old one.
 from __future__ import annotations
 
 import types
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
@@ -248,8 +249,8 @@ class RouteTable:
         for agent in self.agents.values():
             for cap in agent.capabilities:
                 by_cap.setdefault(cap.capability_id, []).append(agent.pk)
-            by_name.setdefault(agent.name, []).append(agent.pk)
-            by_name.setdefault(f"{agent.namespace}/{agent.name}", []).append(agent.pk)
+            for key in _name_keys(agent):
+                by_name.setdefault(key, []).append(agent.pk)
         return replace(
             self,
             agents_by_capability=types.MappingProxyType(
@@ -338,8 +339,16 @@ def _capability_keys(agent: AgentEntry | None) -> set[str]:
     return {c.capability_id for c in agent.capabilities} if agent is not None else set()
 
 
+def name_key(name: str) -> str:
+    """How ``agents_by_name`` is keyed: names are unique regardless of letter case (and
+    compared after NFC normalisation), so a lookup by any spelling finds the agent."""
+    return unicodedata.normalize("NFC", name).casefold()
+
+
 def _name_keys(agent: AgentEntry | None) -> set[str]:
-    return {agent.name, f"{agent.namespace}/{agent.name}"} if agent is not None else set()
+    if agent is None:
+        return set()
+    return {name_key(agent.name), name_key(f"{agent.namespace}/{agent.name}")}
 
 
 def _credentials_by_pair(credentials: Mapping[int, CredentialEntry]) -> Mapping:

@@ -137,10 +137,11 @@ class RegistrationSerializer(serializers.Serializer):
 class HeartbeatSerializer(KnownFieldsOnly, serializers.Serializer):
     cpu = StrictFloatField(min_value=0.0, max_value=1.0, default=0.0)
     memory = StrictFloatField(min_value=0.0, max_value=1.0, default=0.0)
-    queue_depth = StrictIntegerField(min_value=0, default=0)
-    in_flight = StrictIntegerField(min_value=0, default=0)
-    processed_recent = StrictIntegerField(min_value=0, default=0)
-    errors_recent = StrictIntegerField(min_value=0, default=0)
+    # The columns' range: a larger count is a 400 here, not an overflow in the database.
+    queue_depth = StrictIntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    in_flight = StrictIntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    processed_recent = StrictIntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    errors_recent = StrictIntegerField(min_value=0, max_value=2**31 - 1, default=0)
     capabilities_available = serializers.ListField(
         child=StrictCharField(max_length=128), required=False, max_length=1000,
         help_text="Capability ids this instance serves now; omit to leave unchanged.",

@@ -34,6 +34,7 @@ from registry.services import (
     instance_deregister,
     instance_drain,
     instance_heartbeat,
+    instance_resume,
 )
 from registry.spec import DescriptorError
 from tenants.choices import ApiKeyScope
@@ -130,6 +131,23 @@ class InstanceViewSet(TenantScopedViewSet):
             principal=self.principal, source=AuditSource.API, action=AuditAction.ACTION,
             obj=instance, changes={"state": instance.state},
         )
+        return Response(self.get_serializer(instance).data)
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    @transaction.atomic
+    def resume(self, request, pk=None):
+        """Lift a drain: calls may be routed here again. A deregistered instance is not
+        resumed (the agent left; it comes back by registering)."""
+        instance = self.get_object()
+        self.check_object_permissions(request, instance)
+        before = instance.state
+        instance_resume(instance=instance)
+        if instance.state != before:
+            audit_record(
+                principal=self.principal, source=AuditSource.API, action=AuditAction.ACTION,
+                obj=instance, changes={"state": instance.state},
+            )
         return Response(self.get_serializer(instance).data)
 
     @extend_schema(

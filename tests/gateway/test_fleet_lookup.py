@@ -38,15 +38,16 @@ def test_a_chat_completion_by_agent_name_among_ten_thousand_does_not_scan(script
     table, key = route_table([*fleet, *scripted_agents(scripted.endpoint)])
     guarded = replace(table, agents=NoScan(types.MappingProxyType(dict(table.agents))))
 
-    async def go():
+    async def go(model: str):
         async with in_process(guarded, key) as gw:
             return await gw.post("/v1/chat/completions", {
-                "model": "scripted-chat", "messages": [{"role": "user", "content": "hi"}]})
+                "model": model, "messages": [{"role": "user", "content": "hi"}]})
 
-    response = asyncio.run(go())
-
-    assert response.status_code == 200, response.text
-    assert response.json()["model"] == "scripted-chat"
+    # Names are unique regardless of letter case: any spelling finds the agent.
+    for model in ("scripted-chat", "Scripted-CHAT", "default/scripted-chat"):
+        response = asyncio.run(go(model))
+        assert response.status_code == 200, (model, response.text)
+        assert response.json()["model"] == "scripted-chat"
 
 
 def test_an_openai_endpoint_given_as_the_sdks_base_url_is_not_doubled(scripted):

@@ -43,3 +43,13 @@ def test_heartbeats_move_no_version_and_a_transition_reaches_the_gateway(gateway
             "capability": "echo.all"}).json()).get("error") and d,
             message="the gateway to stop routing to the drained instance")
     assert dry["error"]["code"] == "no_healthy_instance"
+
+    # Lifting the drain is a transition too: the gateway routes there again.
+    with httpx.Client(base_url=gateway.base, timeout=10) as api:
+        resumed = api.post(f"/api/v1/instances/{instance.pk}/resume",
+                           headers={"Authorization": f"Bearer {manager}"})
+        assert resumed.status_code == 200 and resumed.json()["state"] == "healthy", resumed.text
+    with gateway.client() as caller:
+        wait_for(lambda: "error" not in caller.get("/v1/route", params={
+            "capability": "echo.all"}).json(),
+            message="the gateway to route to the resumed instance")

@@ -261,3 +261,62 @@ def test_a_heartbeat_after_a_lapse_the_sweep_missed_is_a_flap(world):
     instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
     instance.refresh_from_db()
     assert instance.flaps == 0 and instance.state == "healthy"
+
+
+# ---- drains and deregistrations hold against heartbeats ---------------------------------
+
+
+@pytest.mark.django_db
+def test_a_drain_committed_after_a_heartbeat_read_the_row_holds(world):
+    """The interleaving a break test found: the heartbeat's view has read the instance
+    (healthy), a drain commits, then the heartbeat writes. The drain must win."""
+    from registry.services import instance_drain
+
+    instance = factories.instance(agent=world.agent_a)
+    read_by_the_heartbeat = Instance.objects.get(pk=instance.pk)
+    instance_drain(instance=Instance.objects.get(pk=instance.pk))
+    instance_heartbeat(instance=read_by_the_heartbeat,
+                       heartbeat=Heartbeat(load=Load(cpu=0.95)))  # a tier change, too
+    instance.refresh_from_db()
+    assert instance.state == "draining"
+    assert build_table().agents[world.agent_a.pk].instances[0].state == "draining"
+
+
+@pytest.mark.django_db
+def test_a_deregistered_instance_goes_after_the_grace_however_it_heartbeats(world):
+    from registry.services import DRAIN_GRACE, instance_deregister
+
+    instance = factories.instance(agent=world.agent_a)
+    now = timezone.now()
+    instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()), now=now)
+    instance_deregister(instance=Instance.objects.get(pk=instance.pk), now=now)
+    for beat in (10, 20, 29):
+        instance_heartbeat(instance=instance, heartbeat=Heartbeat(load=Load()),
+                           now=now + dt.timedelta(seconds=beat))
+    # Deregistering again does not push the removal out.
+    instance_deregister(instance=Instance.objects.get(pk=instance.pk),
+                        now=now + dt.timedelta(seconds=29))
+    assert instances_sweep(now=now + DRAIN_GRACE - dt.timedelta(seconds=1))["removed"] == 0
+    assert instances_sweep(now=now + DRAIN_GRACE)["removed"] == 1
+    assert not Instance.objects.filter(pk=instance.pk).exists()
+
+
+@pytest.mark.django_db
+def test_registering_again_after_deregistering_is_back_but_a_drain_stays(world):
+    from registry.services import agent_register, instance_deregister, instance_drain
+    from registry.spec import AgentSpec, CapabilitySpec
+
+    def register(endpoint: str):
+        return agent_register(tenant=world.tenant_a, spec=AgentSpec(
+            name="restarting", endpoint=endpoint,
+            capabilities=(CapabilitySpec(capability_id="restart.me"),))).instance
+
+    left = register("http://127.0.0.1:9501/")
+    instance_deregister(instance=left)
+    back = register("http://127.0.0.1:9501/")
+    assert back.pk == left.pk and back.state == "healthy" and back.remove_at is None
+
+    drained = register("http://127.0.0.1:9502/")
+    instance_drain(instance=drained)
+    again = register("http://127.0.0.1:9502/")
+    assert again.state == "draining"  # the operator's decision, not the agent's

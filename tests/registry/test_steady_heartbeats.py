@@ -48,16 +48,18 @@ class Platform:
         # One loop for the test: the door's Redis client belongs to the loop it began on.
         self.loop = asyncio.new_event_loop()
 
-    def beat(self, instance: Instance, token: str, body=None) -> httpx.Response:
+    def beat(self, instance: Instance, token: str, body=None, *,
+             content_type: str = "application/json", path: str | None = None
+             ) -> httpx.Response:
         async def go():
             transport = httpx.ASGITransport(app=self.door)
             async with httpx.AsyncClient(transport=transport,
                                          base_url="http://127.0.0.1") as client:
                 return await client.post(
-                    f"/api/v1/instances/{instance.pk}/heartbeat",
+                    path or f"/api/v1/instances/{instance.pk}/heartbeat",
                     content=orjson.dumps(body if body is not None else {}),
                     headers={"Authorization": f"Bearer {token}",
-                             "Content-Type": "application/json"})
+                             "Content-Type": content_type})
         return self.loop.run_until_complete(go())
 
     def close(self) -> None:
@@ -212,13 +214,17 @@ def test_what_the_door_is_not_sure_of_gets_the_views_answer(fleet):
     typed = platform.beat(instance, token, {"cpu": True})
     assert typed.status_code == 400 and "cpu" in typed.json()["error"]["details"]
     assert platform.beat(instance, token, {"queue_depth": -1}).status_code == 400
+    assert platform.beat(instance, token, {"processed_recent": 2**31}).status_code == 400
+    assert platform.beat(instance, token, content_type="text/plain").status_code == 415
+    digits = str(instance.pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    platform.beat(instance, token, path=f"/api/v1/instances/{digits}/heartbeat")
     assert platform.beat(instance, "rat_notarealtoken_xxxxxxxx").status_code == 401
     other = agent_token_issue(agent=factories.agent(owner=factories.tenant()))
     assert platform.beat(instance, other).status_code in (403, 404)
-    assert platform.fallback_calls == base + 5
+    assert platform.fallback_calls == base + 8
     # And nothing of that changed the instance's steady record.
     assert platform.beat(instance, token).status_code == 200
-    assert platform.fallback_calls == base + 5
+    assert platform.fallback_calls == base + 8
 
 
 def test_a_revoked_token_or_a_disabled_tenant_is_refused_at_the_next_beat(fleet):

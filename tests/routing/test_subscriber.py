@@ -266,3 +266,30 @@ def test_leases_are_judged_as_of_the_moment_the_process_was_cut_off():
     assert subscriber.lease_clock() == frozen  # the bus is still away
     subscriber.reconnected("bus")
     assert subscriber.cut_off_since is None and subscriber.lease_clock() >= frozen
+
+
+def test_after_a_bus_outage_leases_come_from_the_source_before_the_clock_resumes(source):
+    """Heartbeats went on while this process could not hear their load reports; the
+    source of truth has the leases they renewed. Judged by the clock before a reload,
+    every instance would look lapsed (a break test saw the fleet refused for seconds)."""
+    from routing.table import LoadReport, load_to_wire
+
+    def lease(sub) -> float:
+        return sub.table.current(sub.table.agents[1].instances[0]).lease_expires_at
+
+    now = time.time()
+    stale = replace(agent(1).instances[0], lease_expires_at=now - 5)
+    source.upsert(replace(agent(1), instances=(stale,)))
+    sub = make(source)
+    sub.start()
+    sub.handle(load_to_wire(LoadReport(agent_pk=1, instance_pk=100, cpu=0.1, memory=0.1,
+                                       queue_depth=0, in_flight=0, lease_expires_at=now - 5)))
+    sub.cut_off("bus", since=now - 20)  # the bus went away 20 s ago
+    assert lease(sub) == now - 5 and sub.lease_clock() == now - 20
+    # Meanwhile the heartbeats reached the database: leases only, so no new version.
+    renewed = replace(agent(1), instances=(replace(stale, lease_expires_at=now + 25),))
+    source.table = source.table.apply(Delta(version=source.table.version, kind="agent",
+                                            op="upsert", pk=1, entry=renewed))
+    sub.bus_connected()
+    assert sub.cut_off_since is None
+    assert lease(sub) == now + 25 > sub.lease_clock()
