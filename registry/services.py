@@ -332,10 +332,11 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     """
     now = now or timezone.now()
     try:
+        heartbeats.reseed_if_forgotten(now=now)
         heartbeats.flush()
     except Exception as exc:
         # Redis or the database away: the leases in the database are at most one
-        # period behind, and heartbeats take the slow way meanwhile.
+        # period behind, and heartbeats go to the view meanwhile.
         logger.warning("sweep: heartbeat flush failed (%s)", type(exc).__name__)
     counts = {"unknown": 0, "offline": 0, "removed": 0}
     candidates = Instance.objects.filter(

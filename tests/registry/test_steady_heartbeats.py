@@ -288,3 +288,29 @@ def test_the_door_accepts_only_what_the_view_accepts(body):
     assert serializer.is_valid(), serializer.errors
     heartbeat = serializer.to_heartbeat()
     assert (heartbeat.load, heartbeat.capabilities_available) == parsed
+
+
+def test_after_redis_forgets_the_sweep_reseeds_and_beats_stay_off_the_view(fleet):
+    """A Redis restart without persistence: without a reseed every instance's next beat
+    would queue at the view at once, ten times what it judges per second at 10,000
+    agents, and leases would lapse meanwhile."""
+    platform, instance, token = fleet
+    drained_agent = factories.agent(owner=instance.agent.owner_tenant)
+    drained = factories.instance(agent=drained_agent, lease_expires_at=at(T0 + 30))
+    instance_drain(instance=drained)
+    platform.beat(instance, token)
+    client = heartbeats._client()
+    forgotten = list(client.scan_iter(f"{settings.REDIS_KEY_PREFIX}hb*"))
+    assert forgotten
+    client.delete(*forgotten)
+
+    instances_sweep(now=at(T0 + 1))
+    assert client.exists(heartbeats.key(instance.pk))
+    assert not client.exists(heartbeats.key(drained.pk))  # judged by the view, as before
+    platform.clock.advance(10)
+    calls = platform.fallback_calls
+    assert platform.beat(instance, token).status_code == 200
+    assert platform.fallback_calls == calls
+    # Once only: the marker says Redis remembers.
+    assert heartbeats.reseed_if_forgotten(now=at(T0 + 11)) == 0
+    heartbeats.forget(drained.pk)
