@@ -368,7 +368,7 @@ def _by_tenant(rows: Mapping) -> Mapping:
 _grants_by_tenant = _by_tenant
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadReport:
     """Load figures from a heartbeat that changed nothing structural.
 
