@@ -123,21 +123,21 @@ class HeartbeatDoor:
         if parsed is None:
             return None
         load, available = parsed
-        tier = health.tier_from_load(load)
+        tiers = heartbeats.tier_changes(lambda current: health.tier_from_load(load, current))
         script = self._script or self._register()
         done = await script(keys=[
             heartbeats.key(pk), heartbeats.dirty_key(),
             heartbeats.token_key(hashlib.sha256(token.encode()).hexdigest()),
         ], args=[
-            repr(self._clock()), str(tier), heartbeats.capabilities_digest(available), pk,
+            repr(self._clock()), tiers, heartbeats.capabilities_digest(available), pk,
             self._channel, repr(load.cpu), repr(load.memory), load.queue_depth,
             load.in_flight, load.processed_recent, load.errors_recent,
         ])
         if not isinstance(done, list):
             return None
-        _, lease, interval = done
+        _, lease, interval, tier = done
         return orjson.dumps({
-            "state": InstanceState.HEALTHY.value, "health_tier": str(tier),
+            "state": InstanceState.HEALTHY.value, "health_tier": tier.decode(),
             "lease_expires_at": _datetime.to_representation(
                 dt.datetime.fromtimestamp(float(lease), dt.UTC)),
             "heartbeat_interval_seconds": int(interval),

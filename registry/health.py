@@ -25,6 +25,11 @@ OVERLOADED_MEMORY = 0.90
 OVERLOADED_QUEUE = 50
 SUB_HEALTHY_ERROR_RATIO = 0.5
 SUB_HEALTHY_MIN_VOLUME = 5
+# An overloaded instance stays overloaded until its load falls this far below the
+# thresholds: load hovering at a threshold would otherwise flip the tier on every
+# heartbeat, and each flip is a database write and a route-table version.
+OVERLOAD_HYSTERESIS = 0.10
+QUEUE_HYSTERESIS = 10
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,8 @@ class Load:
     errors_recent: int = 0
 
 
-def tier_from_load(load: Load) -> HealthTier:
+def tier_from_load(load: Load, current: str | None = None) -> HealthTier:
+    """The tier ``load`` puts an instance in, given the tier it is in (``current``)."""
     # Work in flight with nothing completed in the window: the instance accepts
     # calls but does not finish them (a hung worker). Only probes go there.
     if load.in_flight > 0 and load.processed_recent == 0:
@@ -47,10 +53,12 @@ def tier_from_load(load: Load) -> HealthTier:
         and load.errors_recent / load.processed_recent >= SUB_HEALTHY_ERROR_RATIO
     ):
         return HealthTier.SUB_HEALTHY
+    staying = current == HealthTier.OVERLOADED
+    slack = OVERLOAD_HYSTERESIS if staying else 0.0
     if (
-        load.cpu >= OVERLOADED_CPU
-        or load.memory >= OVERLOADED_MEMORY
-        or load.queue_depth >= OVERLOADED_QUEUE
+        load.cpu >= OVERLOADED_CPU - slack
+        or load.memory >= OVERLOADED_MEMORY - slack
+        or load.queue_depth >= OVERLOADED_QUEUE - (QUEUE_HYSTERESIS if staying else 0)
     ):
         return HealthTier.OVERLOADED
     return HealthTier.HEALTHY

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -47,9 +48,11 @@ LOAD_FIELDS = ("cpu", "memory", "queue_depth", "in_flight", "processed_recent",
                "errors_recent")
 
 # KEYS: the instance's hash, the dirty set, the presented agent token's key.
-# ARGV: now, tier, capabilities digest ("" = unchanged), instance pk, the bus channel,
-# then the load figures in LOAD_FIELDS order.
-# Returns {1, lease, interval} for a steady beat (done), 0 when the view must judge it.
+# ARGV: now, the tiers the load gives from each current tier (",healthy=…,overloaded=…,
+# sub_healthy=…,", see tier_changes), capabilities digest ("" = unchanged), instance pk, the bus
+# channel, then the load figures in LOAD_FIELDS order.
+# Returns {1, lease, interval, tier} for a steady beat (done), 0 when the view must
+# judge it.
 BEAT_SCRIPT = """
 local cur = redis.call('HMGET', KEYS[1], 'lease', 'tier', 'caps', 'review', 'agent',
                        'ttl', 'interval')
@@ -57,7 +60,7 @@ if not cur[1] then return 0 end
 if redis.call('GET', KEYS[3]) ~= cur[5] then return 0 end
 local now = tonumber(ARGV[1])
 if tonumber(cur[1]) <= now then return 0 end
-if cur[2] ~= ARGV[2] then return 0 end
+if not string.find(ARGV[2], ',' .. cur[2] .. '=' .. cur[2] .. ',', 1, true) then return 0 end
 if ARGV[3] ~= '' and cur[3] ~= ARGV[3] then return 0 end
 local review = tonumber(cur[4])
 if review > 0 and review < now then return 0 end
@@ -73,8 +76,17 @@ redis.call('PUBLISH', ARGV[5], cjson.encode({type = 'load', agent_pk = tonumber(
   instance_pk = tonumber(ARGV[4]), cpu = tonumber(ARGV[6]), memory = tonumber(ARGV[7]),
   queue_depth = tonumber(ARGV[8]), in_flight = tonumber(ARGV[9]),
   lease_expires_at = lease}))
-return {1, lease_text, cur[7]}
+return {1, lease_text, cur[7], cur[2]}
 """.replace("GRACE", repr(HASH_GRACE_S)).replace("TOKEN_TTL_MS", str(TOKEN_TTL_MS))
+
+
+TIERS = ("healthy", "overloaded", "sub_healthy")
+
+
+def tier_changes(tier_from: Callable[[str], str]) -> str:
+    """For the script: the tier the load gives from each current tier, so it can tell
+    whether this beat leaves the instance's tier as it is (hysteresis depends on it)."""
+    return "," + "".join(f"{t}={tier_from(t)}," for t in TIERS)
 
 
 def capabilities_digest(capabilities: list[str] | None) -> str:

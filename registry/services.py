@@ -273,7 +273,7 @@ def instance_heartbeat(
     _set_liveness(instance, health.on_heartbeat(_liveness(instance), now=now, ttl=ttl,
                                                 lease_expires_at=lease))
     load = heartbeat.load
-    instance.health_tier = health.tier_from_load(load)
+    instance.health_tier = health.tier_from_load(load, current=instance.health_tier)
     if heartbeat.capabilities_available is not None:
         instance.capabilities_available = sorted(set(heartbeat.capabilities_available))
     instance.cpu, instance.memory = load.cpu, load.memory

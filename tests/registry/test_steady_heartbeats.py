@@ -314,3 +314,26 @@ def test_after_redis_forgets_the_sweep_reseeds_and_beats_stay_off_the_view(fleet
     # Once only: the marker says Redis remembers.
     assert heartbeats.reseed_if_forgotten(now=at(T0 + 11)) == 0
     heartbeats.forget(drained.pk)
+
+
+def test_load_hovering_at_a_threshold_does_not_flip_the_tier_on_every_beat(fleet):
+    platform, instance, token = fleet
+    platform.beat(instance, token, {"cpu": 0.9})
+    instance.refresh_from_db()
+    assert instance.health_tier == "overloaded"
+    version, calls = current_version(), platform.fallback_calls
+    for cpu in (0.84, 0.86, 0.8, 0.88, 0.76):  # hovering: stays overloaded, steadily
+        platform.clock.advance(10)
+        reply = platform.beat(instance, token, {"cpu": cpu})
+        assert reply.json()["health_tier"] == "overloaded"
+    assert (current_version(), platform.fallback_calls) == (version, calls)
+    platform.clock.advance(10)
+    assert platform.beat(instance, token, {"cpu": 0.7}).json()["health_tier"] == "healthy"
+    assert platform.fallback_calls == calls + 1 and current_version() > version
+    # From healthy, the same load is not enough to enter: no hysteresis going up.
+    platform.clock.advance(10)
+    assert platform.beat(instance, token, {"cpu": 0.8}).json()["health_tier"] == "healthy"
+    # And a stalled instance leaves the steady path at once.
+    platform.clock.advance(10)
+    stalled = platform.beat(instance, token, {"in_flight": 2, "processed_recent": 0})
+    assert stalled.json()["health_tier"] == "sub_healthy"
