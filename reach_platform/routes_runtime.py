@@ -21,6 +21,7 @@ from routing.subscriber import RouteTableSubscriber
 logger = logging.getLogger(__name__)
 
 CHECK_INTERVAL_SECONDS = 2.0
+TRIM_EVERY_TICKS = 15  # 30 s
 
 
 def _load():
@@ -84,11 +85,17 @@ class RouteRuntime:
         self.subscriber.persist_if_dirty()
 
     def _tick(self) -> None:
+        ticks = 0
         while not self._stop.wait(CHECK_INTERVAL_SECONDS):
             try:
                 self.subscriber.check()
             except Exception:
                 logger.exception("route table check failed")
+            ticks += 1
+            if ticks % TRIM_EVERY_TICKS == 0:
+                # Every delta and load report leaves freed heap behind (index copies,
+                # decoded messages); glibc keeps it unless asked. A few ms per call.
+                return_freed_memory()
 
 
 def database_identity() -> str:
