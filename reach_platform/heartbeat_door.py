@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from django.conf import settings
+from redis.exceptions import RedisError
 from rest_framework.fields import DateTimeField
 
 from reach_core import requestid
@@ -102,6 +103,8 @@ class HeartbeatDoor:
                 reply = await self._steady(scope, int(match.group(1)), _body(messages))
             except Exception as exc:
                 # Redis away, or anything unforeseen: the view decides.
+                if isinstance(exc, RedisError | OSError):
+                    heartbeats.mark_away()
                 logger.debug("heartbeat door: passing on (%s)", type(exc).__name__)
         if reply is None:
             self.passed += 1
@@ -123,6 +126,8 @@ class HeartbeatDoor:
         if parsed is None:
             return None
         load, available = parsed
+        if heartbeats.redis_away():
+            return None  # it failed a moment ago: no second wait for its timeout
         tiers = heartbeats.tier_changes(lambda current: health.tier_from_load(load, current))
         script = self._script or self._register()
         done = await script(keys=[

@@ -44,11 +44,35 @@ def _version() -> int:
         close_old_connections()
 
 
+class BusWatch:
+    """Tells the subscriber when Redis stops answering although no connection broke (a
+    hung server): then, as for a refused connection, leases are judged as of that
+    moment, and when it answers again the table is reloaded before the clock resumes.
+    Without it a hung Redis let every lease lapse on every gateway (a break test: 16 s
+    of 503s for the whole fleet during a 45 s hang)."""
+
+    def __init__(self, bus, subscriber: RouteTableSubscriber) -> None:
+        self._bus = bus
+        self._subscriber = subscriber
+        self.hung = False
+
+    def check(self) -> None:
+        if self._bus.answers():
+            if self.hung:
+                self.hung = False
+                self._subscriber.bus_connected()
+        elif not self.hung:
+            self.hung = True
+            logger.warning("route table: Redis does not answer; judging leases as of now")
+            self._subscriber.cut_off("bus")
+
+
 class RouteRuntime:
     def __init__(self, subscriber: RouteTableSubscriber) -> None:
         self.subscriber = subscriber
         self._stop = threading.Event()
         self._subscription = None
+        self._watch: BusWatch | None = None
         self._thread = threading.Thread(target=self._tick, name="route-check", daemon=True)
 
     def start(self) -> RouteRuntime:
@@ -64,6 +88,7 @@ class RouteRuntime:
             self._subscription = bus.subscribe(
                 subscriber.handle, on_connect=subscriber.bus_connected,
                 on_disconnect=lambda: subscriber.cut_off("bus"))
+            self._watch = BusWatch(bus, subscriber)
         else:
             self._subscription = bus.subscribe(self.subscriber.handle)
         self._thread.start()
@@ -88,6 +113,8 @@ class RouteRuntime:
         ticks = 0
         while not self._stop.wait(CHECK_INTERVAL_SECONDS):
             try:
+                if self._watch is not None:
+                    self._watch.check()
                 self.subscriber.check()
             except Exception:
                 logger.exception("route table check failed")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -126,6 +127,22 @@ def enabled() -> bool:
     return bool(settings.REDIS_URL)
 
 
+# After a failed Redis call, heartbeats skip Redis in this process for a while: a hung
+# Redis costs each call its full timeout, and three per beat would make every heartbeat
+# of the fleet take seconds (a break test saw 5-10 s) while the view alone can answer.
+AWAY_S = 5.0
+_away_until = 0.0
+
+
+def redis_away() -> bool:
+    return time.monotonic() < _away_until
+
+
+def mark_away() -> None:
+    global _away_until
+    _away_until = time.monotonic() + AWAY_S
+
+
 # ---- what the view writes -------------------------------------------------------------
 
 
@@ -146,13 +163,14 @@ class Steady:
 
 def seed(steady: Steady, *, now: float) -> None:
     """After a slow heartbeat of a healthy instance, committed."""
-    if not enabled():
+    if not enabled() or redis_away():
         return
     try:
         pipe = _client().pipeline(transaction=True)
         _seed_into(pipe, steady, now=now)
         pipe.execute()
     except Exception as exc:
+        mark_away()
         # The next beat then goes to the view again; nothing is lost.
         logger.warning("heartbeats: could not seed instance %s (%s)", steady.pk,
                        type(exc).__name__)
@@ -169,11 +187,12 @@ def _seed_into(pipe, steady: Steady, *, now: float) -> None:
 
 def seed_token(key_hash: str, agent_pk: int) -> None:
     """The view accepted this agent token for a heartbeat: the script may too."""
-    if not enabled():
+    if not enabled() or redis_away():
         return
     try:
         _client().set(token_key(key_hash), str(agent_pk), px=TOKEN_TTL_MS)
     except Exception as exc:
+        mark_away()
         logger.warning("heartbeats: could not seed a token (%s)", type(exc).__name__)
 
 
@@ -212,11 +231,12 @@ def forget_tokens_on_commit(*key_hashes: str) -> None:
 
 def renewed_lease(pk: int) -> dt.datetime | None:
     """The lease a steady beat renewed that the database may not have yet."""
-    if not enabled():
+    if not enabled() or redis_away():
         return None
     try:
         value = _client().hget(key(pk), "lease")
     except Exception:
+        mark_away()
         return None
     return None if value is None else dt.datetime.fromtimestamp(float(value), dt.UTC)
 

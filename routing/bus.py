@@ -71,6 +71,16 @@ class RedisBus:
         self._url = url
         self.channel = channel
         self._client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self._probe = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+    def answers(self) -> bool:
+        """Whether Redis answers a PING within a second. A hung Redis (stopped, or a
+        partition that drops packets) breaks no connection, so the listener alone would
+        never notice that load reports stopped coming."""
+        try:
+            return bool(self._probe.ping())
+        except self._redis.RedisError:
+            return False
 
     def publish(self, message: dict) -> None:
         try:

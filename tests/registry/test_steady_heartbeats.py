@@ -80,6 +80,7 @@ def fleet(transactional_db, monkeypatch):
     clock = FakeClock(T0)
     # The view's services read Django's clock: the same injected one.
     monkeypatch.setattr(timezone, "now", lambda: at(clock()))
+    monkeypatch.setattr(heartbeats, "_away_until", 0.0)  # no earlier test's outage
     platform = Platform(clock)
     yield platform, instance, token
     platform.close()
@@ -270,6 +271,15 @@ def test_with_redis_away_beats_go_to_the_database(fleet, settings):
     assert reply.status_code == 200, reply.text
     instance.refresh_from_db()
     assert instance.queue_depth == 7
+    # Having failed once, the next beats do not wait for Redis's timeout again.
+    assert heartbeats.redis_away()
+
+    async def hung(**_):
+        raise AssertionError("the script was tried again while Redis is away")
+
+    platform.door._script = hung
+    platform.clock.advance(10)
+    assert platform.beat(instance, token, {"queue_depth": 8}).status_code == 200
 
 
 @pytest.mark.parametrize("body", [

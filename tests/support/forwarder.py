@@ -59,6 +59,9 @@ class Forwarder:
       forwarder's throughout, so no other process can take it during an outage.
     - ``restore()`` forwards new connections again; connections that were cut stay closed
       and clients must reconnect, as after a real restart.
+    - ``freeze()`` (a context manager) keeps every connection open but forwards nothing,
+      either way, until the block ends, as a hung server does (``SIGSTOP``, a partition
+      dropping packets): clients see no error, only silence, until their own timeouts.
     - ``accepted`` counts the connections forwarded so far (refused ones excluded): a test
       asserts it is non-zero to prove the process under test really goes through here.
     - ``close()`` (or leaving the ``with`` block) stops listening and closes everything.
@@ -71,6 +74,8 @@ class Forwarder:
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._cut = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = threading.Event()
         self.accepted = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -116,6 +121,15 @@ class Forwarder:
         """Forward new connections again."""
         with self._lock:
             self._cut = False
+
+    @contextlib.contextmanager
+    def freeze(self) -> Iterator[None]:
+        """Forward nothing for the block, closing nothing; what was held flows after."""
+        self._flowing.clear()
+        try:
+            yield
+        finally:
+            self._flowing.set()
 
     @contextlib.contextmanager
     def outage(self) -> Iterator[None]:
@@ -186,6 +200,7 @@ class Forwarder:
     def _pump(self, src: socket.socket, dst: socket.socket, link: _Link) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass
