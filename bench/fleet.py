@@ -30,8 +30,10 @@ processes, plus one loopback agent. Per fleet size N:
 
 Prints a line per N; the last line is machine-readable:
 ``fleet agents=<N> heartbeat_capacity_per_s=<x> heartbeat_p99_ms=<x> register_p99_ms=<x>
-propagation_p99_ms=<x> gateway_rss_mb=<x> first_serve_s=<x>`` (RSS and first serve: the
-worst gateway). Everything is on 127.0.0.1 and bounded by the options; on a shared
+propagation_p99_ms=<x> gateway_rss_mb=<x> gateway_private_mb=<x> first_serve_s=<x>
+capacity_vs_smallest=<x>`` (RSS, private memory and first serve: the worst gateway;
+private is RSS less the shared-library pages every process maps once). Everything is
+on 127.0.0.1 and bounded by the options; on a shared
 machine compare the sizes within one run.
 """
 
