@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 from django.conf import settings
 
+from reach_core import outage
+
 logger = logging.getLogger(__name__)
 
 _KEY = "authfail:"
@@ -85,12 +87,13 @@ def retry_after(address: str) -> int | None:
     window, left = _window()
     count = _local.get(window, address)
     client = _redis()
-    if client is not None:
+    if client is not None and not outage.REDIS.away():
         import redis
 
         try:
             count = max(count, int(client.get(_redis_key(window, address)) or 0))
         except redis.RedisError as exc:
+            outage.REDIS.failed()
             logger.warning("auth throttle: redis unreachable (%s)", type(exc).__name__)
     if count < settings.AUTH_FAILURE_LIMIT:
         return None
@@ -103,7 +106,7 @@ def record_failure(address: str) -> None:
     window, _ = _window()
     _local.incr(window, address)
     client = _redis()
-    if client is None:
+    if client is None or outage.REDIS.away():
         return
     import redis
 
@@ -114,6 +117,7 @@ def record_failure(address: str) -> None:
         pipe.expire(key, int(settings.AUTH_FAILURE_WINDOW_S) + 1)
         pipe.execute()
     except redis.RedisError as exc:
+        outage.REDIS.failed()
         logger.warning("auth throttle: redis unreachable (%s)", type(exc).__name__)
 
 

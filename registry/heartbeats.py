@@ -29,13 +29,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
 from django.conf import settings
 from django.db import connection, transaction
+
+from reach_core import outage
 
 logger = logging.getLogger(__name__)
 
@@ -127,20 +128,13 @@ def enabled() -> bool:
     return bool(settings.REDIS_URL)
 
 
-# After a failed Redis call, heartbeats skip Redis in this process for a while: a hung
-# Redis costs each call its full timeout, and three per beat would make every heartbeat
-# of the fleet take seconds (a break test saw 5-10 s) while the view alone can answer.
-AWAY_S = 5.0
-_away_until = 0.0
-
-
 def redis_away() -> bool:
-    return time.monotonic() < _away_until
+    """A Redis call of this process failed a moment ago (``reach_core.outage``)."""
+    return outage.REDIS.away()
 
 
 def mark_away() -> None:
-    global _away_until
-    _away_until = time.monotonic() + AWAY_S
+    outage.REDIS.failed()
 
 
 # ---- what the view writes -------------------------------------------------------------

@@ -20,6 +20,7 @@ import threading
 from django.db import transaction
 from django.db.models import F
 
+from reach_core import outage
 from reach_platform.bus import route_bus
 from registry.models import RouteVersion
 from registry.snapshot import entry_for
@@ -55,8 +56,18 @@ def flush() -> list[Delta]:
             logger.exception("route table: could not publish %s %s", kind, pk)
     bus = route_bus()
     for delta in deltas:
-        bus.publish(delta_to_wire(delta))
+        _publish(bus, delta_to_wire(delta))
     return deltas
+
+
+def _publish(bus, message: dict) -> None:
+    # Redis failed a moment ago: skip it rather than wait out its timeout again.
+    # Subscribers find a missed delta by their version check within seconds, and a
+    # missed load report is replaced by the next heartbeat.
+    if outage.REDIS.away():
+        return
+    if bus.publish(message) is False:
+        outage.REDIS.failed()
 
 
 @transaction.atomic
@@ -74,4 +85,4 @@ def _version_and_read(kind: str, pk: int) -> Delta:
 
 def load_reported(report: LoadReport) -> None:
     """Unversioned: load figures only, latest wins."""
-    route_bus().publish(load_to_wire(report))
+    _publish(route_bus(), load_to_wire(report))

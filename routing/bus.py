@@ -82,11 +82,14 @@ class RedisBus:
         except self._redis.RedisError:
             return False
 
-    def publish(self, message: dict) -> None:
+    def publish(self, message: dict) -> bool:
+        """False when Redis did not take it (logged; subscribers reconcile by version)."""
         try:
             self._client.publish(self.channel, orjson.dumps(message))
         except self._redis.RedisError as exc:
             logger.warning("route-table publish failed (%s); subscribers will reload", exc)
+            return False
+        return True
 
     def subscribe(self, callback: Callback, *, on_connect: Callable[[], None] | None = None,
                   on_disconnect: Callable[[], None] | None = None):

@@ -42,11 +42,16 @@ def world(db, django_user_model) -> World:
 @pytest.fixture(autouse=True)
 def _fresh_auth_throttle():
     """Failed-authentication counts (per address, shared through Redis) start at zero in
-    every test: the suite's requests all come from one address."""
+    every test: the suite's requests all come from one address. And no test inherits an
+    earlier one's Redis outage (``reach_core.outage``: calls skip Redis for 5 s after one
+    failed)."""
+    from reach_core import outage
     from reach_platform import auth_throttle
 
+    outage.REDIS.clear()
     auth_throttle.reset()
     yield
+    outage.REDIS.clear()
 
 
 @pytest.fixture

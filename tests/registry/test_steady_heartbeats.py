@@ -16,9 +16,10 @@ from django.core.asgi import get_asgi_application
 from django.db import connections
 from django.utils import timezone
 
-from reach_platform import heartbeat_door
+from reach_core import outage
+from reach_platform import auth_throttle, heartbeat_door
 from reach_platform.heartbeat_door import HeartbeatDoor
-from registry import heartbeats
+from registry import heartbeats, routes
 from registry.api.serializers import HeartbeatSerializer
 from registry.choices import InstanceState
 from registry.models import AgentToken, Instance
@@ -80,9 +81,10 @@ def fleet(transactional_db, monkeypatch):
     clock = FakeClock(T0)
     # The view's services read Django's clock: the same injected one.
     monkeypatch.setattr(timezone, "now", lambda: at(clock()))
-    monkeypatch.setattr(heartbeats, "_away_until", 0.0)  # no earlier test's outage
+    outage.REDIS.clear()  # no earlier test's outage
     platform = Platform(clock)
     yield platform, instance, token
+    outage.REDIS.clear()
     platform.close()
     heartbeats.forget(instance.pk)
 
@@ -261,7 +263,7 @@ def test_a_token_of_another_agent_never_renews_this_instance(fleet):
     heartbeats.forget(other_instance.pk)
 
 
-def test_with_redis_away_beats_go_to_the_database(fleet, settings):
+def test_with_redis_away_beats_go_to_the_database(fleet, settings, monkeypatch):
     platform, instance, token = fleet
     platform.beat(instance, token)
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
@@ -279,7 +281,19 @@ def test_with_redis_away_beats_go_to_the_database(fleet, settings):
 
     platform.door._script = hung
     platform.clock.advance(10)
+
+    # Nor does the view: its auth throttle, lease lookup, seeds and load report skip
+    # Redis too, rather than each waiting out a hung Redis's timeout.
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"Redis was called ({name}) while it is away")
+
+    monkeypatch.setattr(heartbeats, "_client", Untouchable)
+    monkeypatch.setattr(auth_throttle, "_redis", Untouchable)
+    monkeypatch.setattr(routes, "route_bus", Untouchable)
     assert platform.beat(instance, token, {"queue_depth": 8}).status_code == 200
+    instance.refresh_from_db()
+    assert instance.queue_depth == 8
 
 
 @pytest.mark.parametrize("body", [
