@@ -191,12 +191,17 @@ def seed_token(key_hash: str, agent_pk: int) -> None:
 
 
 def forget(*pks: int) -> None:
-    """The rows changed otherwise: the next beat of each is judged by the database."""
-    _delete([key(pk) for pk in pks])
+    """The rows changed otherwise: the next beat of each is judged by the database.
+
+    Skipped while Redis is away: a hash left behind is bounded by the next flush, which
+    writes only to healthy rows and deletes the others' hashes."""
+    if not redis_away():
+        _delete([key(pk) for pk in pks])
 
 
 def forget_tokens(*key_hashes: str) -> None:
-    """Revoked or their tenant disabled: the next beat with each goes to the view."""
+    """Revoked or their tenant disabled: the next beat with each goes to the view.
+    Always tried, Redis away or not: nothing else would delete a revoked token's key."""
     _delete([token_key(h) for h in key_hashes])
 
 
@@ -206,9 +211,9 @@ def _delete(keys: list[str]) -> None:
     try:
         _client().delete(*keys)
     except Exception as exc:
-        # Bounded: a stale instance hash lasts until the next flush (which writes only
-        # healthy rows and deletes the others' hashes); a stale token key, until Redis
-        # comes back and the next revocation. Logged loudly for that reason.
+        mark_away()
+        # Logged loudly: a revoked token's key left behind keeps renewing its own
+        # instance's lease (nothing else) until it expires unused.
         logger.error("heartbeats: could not delete %d key(s) (%s)", len(keys),
                      type(exc).__name__)
 

@@ -290,7 +290,7 @@ def instance_heartbeat(
     Instance.objects.filter(pk=instance.pk).update(**{f: getattr(instance, f) for f in fields})
     after = (instance.state, instance.health_tier, list(instance.capabilities_available),
              instance.flaps)
-    _seed_steady(instance, ttl, now)
+    _seed_steady(instance, ttl, now, was=before[0])
     if after != before:
         routes.changed("agent", agent.pk)
     else:
@@ -304,12 +304,16 @@ def instance_heartbeat(
     return instance
 
 
-def _seed_steady(instance: Instance, ttl: dt.timedelta, now: dt.datetime) -> None:
+def _seed_steady(instance: Instance, ttl: dt.timedelta, now: dt.datetime, *,
+                 was: str) -> None:
     """After the commit, let the next beats of a healthy instance take the steady way."""
     if not heartbeats.enabled():
         return
     if instance.state != InstanceState.HEALTHY:
-        heartbeats.forget_on_commit(instance.pk)
+        # Its record went when it stopped being healthy (drain, sweep): a drained
+        # instance's beats need not ask Redis again each time.
+        if was == InstanceState.HEALTHY:
+            heartbeats.forget_on_commit(instance.pk)
         return
     agent = instance.agent
     review = (instance.last_flap_at + 2 * ttl).timestamp() if instance.flaps else 0.0

@@ -361,3 +361,24 @@ def test_load_hovering_at_a_threshold_does_not_flip_the_tier_on_every_beat(fleet
     platform.clock.advance(10)
     stalled = platform.beat(instance, token, {"in_flight": 2, "processed_recent": 0})
     assert stalled.json()["health_tier"] == "sub_healthy"
+
+
+def test_a_drained_instances_beats_do_not_wait_on_a_hung_redis(fleet, monkeypatch):
+    """A break test saw each beat of a drained instance take 1-3 s during a Redis hang
+    (its record was deleted again on every beat), slowing the others' beats too."""
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    instance_drain(instance=Instance.objects.get(pk=instance.pk))
+    outage.REDIS.failed()  # a call just failed: Redis is hung
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"Redis was called ({name}) while it is away")
+
+    monkeypatch.setattr(heartbeats, "_client", Untouchable)
+    monkeypatch.setattr(auth_throttle, "_redis", Untouchable)
+    monkeypatch.setattr(routes, "route_bus", Untouchable)
+    for _ in range(3):
+        platform.clock.advance(10)
+        reply = platform.beat(instance, token)
+        assert reply.status_code == 200 and reply.json()["state"] == "draining"
