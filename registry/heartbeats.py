@@ -46,6 +46,9 @@ HASH_GRACE_S = 60.0
 # How long an agent token, once accepted by the view, is honoured by the script while
 # the agent keeps beating. Revocation and tenant deactivation delete it at once.
 TOKEN_TTL_MS = 3600 * 1000
+# How long after revocation the sweep keeps deleting a token's key (see
+# forget_refused_tokens): far longer than any Redis outage it has to outlast.
+REFUSED_TOKENS_KEPT = dt.timedelta(days=1)
 LOAD_FIELDS = ("cpu", "memory", "queue_depth", "in_flight", "processed_recent",
                "errors_recent")
 
@@ -212,8 +215,8 @@ def _delete(keys: list[str]) -> None:
         _client().delete(*keys)
     except Exception as exc:
         mark_away()
-        # Logged loudly: a revoked token's key left behind keeps renewing its own
-        # instance's lease (nothing else) until it expires unused.
+        # Logged loudly; a revoked token's key left behind is deleted by the next sweep
+        # that reaches Redis (forget_refused_tokens).
         logger.error("heartbeats: could not delete %d key(s) (%s)", len(keys),
                      type(exc).__name__)
 
@@ -226,6 +229,24 @@ def forget_on_commit(*pks: int) -> None:
 def forget_tokens_on_commit(*key_hashes: str) -> None:
     if enabled() and key_hashes:
         transaction.on_commit(lambda: forget_tokens(*key_hashes))
+
+
+def forget_refused_tokens(*, now: dt.datetime) -> int:
+    """Delete the keys of the tokens the view would refuse: revoked in the last day, or
+    of a disabled tenant. Run by every sweep, so a delete that failed at revocation time
+    (Redis away) is retried until it succeeds. Returns the tokens looked at."""
+    if not enabled() or redis_away():
+        return 0
+    from django.db.models import Q
+
+    from registry.models import AgentToken
+
+    hashes = list(AgentToken.objects.filter(
+        Q(revoked_at__gte=now - REFUSED_TOKENS_KEPT) | Q(agent__owner_tenant__is_active=False)
+    ).values_list("key_hash", flat=True))
+    for start in range(0, len(hashes), 1000):
+        _delete([token_key(h) for h in hashes[start:start + 1000]])
+    return len(hashes)
 
 
 def renewed_lease(pk: int) -> dt.datetime | None:

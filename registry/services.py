@@ -337,6 +337,7 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     now = now or timezone.now()
     try:
         heartbeats.reseed_if_forgotten(now=now)
+        heartbeats.forget_refused_tokens(now=now)
         heartbeats.flush()
     except Exception as exc:
         # Redis or the database away: the leases in the database are at most one

@@ -382,3 +382,24 @@ def test_a_drained_instances_beats_do_not_wait_on_a_hung_redis(fleet, monkeypatc
         platform.clock.advance(10)
         reply = platform.beat(instance, token)
         assert reply.status_code == 200 and reply.json()["state"] == "draining"
+
+
+def test_a_token_revoked_while_redis_fails_is_refused_once_a_sweep_reaches_it(
+        fleet, monkeypatch):
+    platform, instance, token = fleet
+    platform.beat(instance, token)
+    platform.clock.advance(1)
+    assert platform.beat(instance, token).status_code == 200  # steady, token known
+
+    def failing():
+        raise ConnectionError("Redis does not answer")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(heartbeats, "_client", failing)
+        row = AgentToken.objects.get(agent=instance.agent_id)
+        row.revoked_at = at(platform.clock())
+        row.save()  # its key's delete fails
+    outage.REDIS.clear()  # Redis is back
+    platform.clock.advance(1)
+    instances_sweep(now=at(platform.clock()))
+    assert platform.beat(instance, token).status_code == 401
