@@ -25,7 +25,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 from rest_framework.fields import DateTimeField
 
-from reach_core import requestid
+from reach_core import outage, requestid
 from registry import health, heartbeats
 from registry.choices import InstanceState
 
@@ -88,8 +88,6 @@ class HeartbeatDoor:
         self._clock = clock
         self._client = self._script = None
         self._channel = f"{settings.REDIS_KEY_PREFIX}routes"
-        self.steady = 0  # beats answered here
-        self.passed = 0  # beats handed to the view
 
     async def __call__(self, scope, receive, send) -> None:
         match = PATH.match(scope["path"]) if scope["method"] == "POST" else None
@@ -104,13 +102,11 @@ class HeartbeatDoor:
             except Exception as exc:
                 # Redis away, or anything unforeseen: the view decides.
                 if isinstance(exc, RedisError | OSError):
-                    heartbeats.mark_away()
+                    outage.REDIS.failed()
                 logger.debug("heartbeat door: passing on (%s)", type(exc).__name__)
         if reply is None:
-            self.passed += 1
             await self._fallback(scope, _replayer(messages, receive), send)
             return
-        self.steady += 1
         request_id = requestid.accept_or_new(_header(scope, b"x-request-id"))
         await send({"type": "http.response.start", "status": 200, "headers": [
             *_HEADERS, (requestid.HEADER.lower().encode(), request_id.encode())]})
@@ -126,7 +122,7 @@ class HeartbeatDoor:
         if parsed is None:
             return None
         load, available = parsed
-        if heartbeats.redis_away():
+        if outage.REDIS.away():
             return None  # it failed a moment ago: no second wait for its timeout
         tiers = heartbeats.tier_changes(lambda current: health.tier_from_load(load, current))
         script = self._script or self._register()

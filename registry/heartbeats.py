@@ -131,15 +131,6 @@ def enabled() -> bool:
     return bool(settings.REDIS_URL)
 
 
-def redis_away() -> bool:
-    """A Redis call of this process failed a moment ago (``reach_core.outage``)."""
-    return outage.REDIS.away()
-
-
-def mark_away() -> None:
-    outage.REDIS.failed()
-
-
 # ---- what the view writes -------------------------------------------------------------
 
 
@@ -160,14 +151,14 @@ class Steady:
 
 def seed(steady: Steady, *, now: float) -> None:
     """After a slow heartbeat of a healthy instance, committed."""
-    if not enabled() or redis_away():
+    if not enabled() or outage.REDIS.away():
         return
     try:
         pipe = _client().pipeline(transaction=True)
         _seed_into(pipe, steady, now=now)
         pipe.execute()
     except Exception as exc:
-        mark_away()
+        outage.REDIS.failed()
         # The next beat then goes to the view again; nothing is lost.
         logger.warning("heartbeats: could not seed instance %s (%s)", steady.pk,
                        type(exc).__name__)
@@ -184,12 +175,12 @@ def _seed_into(pipe, steady: Steady, *, now: float) -> None:
 
 def seed_token(key_hash: str, agent_pk: int) -> None:
     """The view accepted this agent token for a heartbeat: the script may too."""
-    if not enabled() or redis_away():
+    if not enabled() or outage.REDIS.away():
         return
     try:
         _client().set(token_key(key_hash), str(agent_pk), px=TOKEN_TTL_MS)
     except Exception as exc:
-        mark_away()
+        outage.REDIS.failed()
         logger.warning("heartbeats: could not seed a token (%s)", type(exc).__name__)
 
 
@@ -198,7 +189,7 @@ def forget(*pks: int) -> None:
 
     Skipped while Redis is away: a hash left behind is bounded by the next flush, which
     writes only to healthy rows and deletes the others' hashes."""
-    if not redis_away():
+    if not outage.REDIS.away():
         _delete([key(pk) for pk in pks])
 
 
@@ -214,7 +205,7 @@ def _delete(keys: list[str]) -> None:
     try:
         _client().delete(*keys)
     except Exception as exc:
-        mark_away()
+        outage.REDIS.failed()
         # Logged loudly; a revoked token's key left behind is deleted by the next sweep
         # that reaches Redis (forget_refused_tokens).
         logger.error("heartbeats: could not delete %d key(s) (%s)", len(keys),
@@ -235,7 +226,7 @@ def forget_refused_tokens(*, now: dt.datetime) -> int:
     """Delete the keys of the tokens the view would refuse: revoked in the last day, or
     of a disabled tenant. Run by every sweep, so a delete that failed at revocation time
     (Redis away) is retried until it succeeds. Returns the tokens looked at."""
-    if not enabled() or redis_away():
+    if not enabled() or outage.REDIS.away():
         return 0
     from django.db.models import Q
 
@@ -251,12 +242,12 @@ def forget_refused_tokens(*, now: dt.datetime) -> int:
 
 def renewed_lease(pk: int) -> dt.datetime | None:
     """The lease a steady beat renewed that the database may not have yet."""
-    if not enabled() or redis_away():
+    if not enabled() or outage.REDIS.away():
         return None
     try:
         value = _client().hget(key(pk), "lease")
     except Exception:
-        mark_away()
+        outage.REDIS.failed()
         return None
     return None if value is None else dt.datetime.fromtimestamp(float(value), dt.UTC)
 

@@ -89,6 +89,18 @@ def fleet(transactional_db, monkeypatch):
     heartbeats.forget(instance.pk)
 
 
+class Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"Redis was called ({name}) while it is away")
+
+
+def redis_untouchable(monkeypatch) -> None:
+    """Every Redis client a heartbeat may use fails the test if touched."""
+    monkeypatch.setattr(heartbeats, "_client", Untouchable)
+    monkeypatch.setattr(auth_throttle, "_redis", Untouchable)
+    monkeypatch.setattr(routes, "route_bus", Untouchable)
+
+
 def at(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
@@ -274,7 +286,7 @@ def test_with_redis_away_beats_go_to_the_database(fleet, settings, monkeypatch):
     instance.refresh_from_db()
     assert instance.queue_depth == 7
     # Having failed once, the next beats do not wait for Redis's timeout again.
-    assert heartbeats.redis_away()
+    assert outage.REDIS.away()
 
     async def hung(**_):
         raise AssertionError("the script was tried again while Redis is away")
@@ -284,13 +296,7 @@ def test_with_redis_away_beats_go_to_the_database(fleet, settings, monkeypatch):
 
     # Nor does the view: its auth throttle, lease lookup, seeds and load report skip
     # Redis too, rather than each waiting out a hung Redis's timeout.
-    class Untouchable:
-        def __getattr__(self, name):
-            raise AssertionError(f"Redis was called ({name}) while it is away")
-
-    monkeypatch.setattr(heartbeats, "_client", Untouchable)
-    monkeypatch.setattr(auth_throttle, "_redis", Untouchable)
-    monkeypatch.setattr(routes, "route_bus", Untouchable)
+    redis_untouchable(monkeypatch)
     assert platform.beat(instance, token, {"queue_depth": 8}).status_code == 200
     instance.refresh_from_db()
     assert instance.queue_depth == 8
@@ -371,13 +377,7 @@ def test_a_drained_instances_beats_do_not_wait_on_a_hung_redis(fleet, monkeypatc
     instance_drain(instance=Instance.objects.get(pk=instance.pk))
     outage.REDIS.failed()  # a call just failed: Redis is hung
 
-    class Untouchable:
-        def __getattr__(self, name):
-            raise AssertionError(f"Redis was called ({name}) while it is away")
-
-    monkeypatch.setattr(heartbeats, "_client", Untouchable)
-    monkeypatch.setattr(auth_throttle, "_redis", Untouchable)
-    monkeypatch.setattr(routes, "route_bus", Untouchable)
+    redis_untouchable(monkeypatch)
     for _ in range(3):
         platform.clock.advance(10)
         reply = platform.beat(instance, token)
