@@ -6,7 +6,7 @@
 Against real PostgreSQL and Redis (a database and key prefix of its own), a control
 plane under uvicorn with ``--workers`` workers serving the API only
 (``REACH_SERVE_GATEWAY=false``, the production layout) and ``--gateways`` gateway
-processes, plus one loopback agent. Per fleet size N:
+processes (``reach_platform.gateway_asgi``), plus one loopback agent. Per fleet size N:
 
 1. The fleet is written straight into the database (N agents x ``--instances``
    instances, one capability and one agent token each) and each instance's steady
@@ -285,7 +285,7 @@ def measure(n: int, args, env: dict, tenant, keys_: dict, agent_url: str) -> dic
         for g in range(args.gateways):
             port = free_port()
             spawned = time.monotonic()
-            gateways.append(start(["reach_platform.asgi:application", "--lifespan", "on"],
+            gateways.append(start(["reach_platform.gateway_asgi:application", "--lifespan", "on"],
                                   env, port, f"gateway {g}"))
             ports.append(port)
             firsts.append(first_serve(gateways[-1], port, keys_["invoke"], spawned))

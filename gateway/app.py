@@ -91,7 +91,7 @@ class GatewayApp:
                                  governor=governor, usage=usage,
                                  idempotency_store=idempotency or MemoryStore(),
                                  idempotency_fail_open=idempotency_fail_open)
-        jobs = list(background)
+        jobs = [*background, self.caller.pools.close_idle_forever]
         if governor is not None:
             jobs.append(governor.flush_forever)
         self._jobs = tuple(jobs)

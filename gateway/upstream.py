@@ -30,12 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
+import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
+
+logger = logging.getLogger(__name__)
 
 
 class UpstreamFailure(Exception):
@@ -68,12 +73,20 @@ class SafeResolver(AbstractResolver):
 
 
 class UpstreamPools:
-    """Sessions per agent, created on first use in the running loop."""
+    """Sessions per agent, created on first use in the running loop, and closed again once
+    unused for longer than their keep-alive (``close_idle``): by then they hold no
+    connection, and a gateway that has called every agent of a large fleet once would
+    otherwise keep a session for each (7 KB apiece without connections)."""
 
-    def __init__(self, policy: EndpointPolicy, *, connect_timeout_s: float) -> None:
+    SWEEP_EVERY_S = 30.0
+
+    def __init__(self, policy: EndpointPolicy, *, connect_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._policy = policy
         self._connect_timeout_s = connect_timeout_s
+        self._clock = clock
         self._sessions: dict[tuple[int, int, int], aiohttp.ClientSession] = {}
+        self._used: dict[tuple[int, int, int], float] = {}
         self._slots: dict[tuple[int, int], asyncio.Semaphore] = {}
 
     async def slot(self, agent_pk: int, max_connections: int, wait_s: float) -> asyncio.Semaphore:
@@ -93,6 +106,7 @@ class UpstreamPools:
 
     def session(self, agent_pk: int, max_connections: int, idle_seconds: int):
         key = (agent_pk, max_connections, idle_seconds)
+        self._used[key] = self._clock()
         session = self._sessions.get(key)
         if session is None or session.closed:
             connector = aiohttp.TCPConnector(
@@ -107,8 +121,37 @@ class UpstreamPools:
             self._sessions[key] = session
         return session
 
+    async def close_idle(self) -> int:
+        """Close the sessions unused for longer than their keep-alive whose agent has no
+        call in flight (a long stream holds its slot); returns how many were closed. The
+        next call to such an agent opens a new session, as its first call did."""
+        now = self._clock()
+        idle = [key for key, used in self._used.items()
+                if now - used > key[2] and not self._busy(key[0], key[1])]
+        for key in idle:
+            del self._used[key]
+            self._slots.pop((key[0], key[1]), None)
+            session = self._sessions.pop(key, None)
+            if session is not None:
+                await session.close()
+        return len(idle)
+
+    def _busy(self, agent_pk: int, max_connections: int) -> bool:
+        slots = self._slots.get((agent_pk, max_connections))
+        return slots is not None and slots._value < max_connections
+
+    async def close_idle_forever(self) -> None:
+        """The gateway's background job: ``close_idle`` every ``SWEEP_EVERY_S``."""
+        while True:
+            await asyncio.sleep(self.SWEEP_EVERY_S)
+            try:
+                await self.close_idle()
+            except Exception:  # a failed close must not stop the sweeps
+                logger.exception("closing idle upstream sessions failed")
+
     async def close(self) -> int:
         """Close every session (and its connections); returns how many were open."""
+        self._used.clear()
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await session.close()

@@ -1,5 +1,1 @@
-"""Agent-Reach platform: settings, URLs, the ASGI entry point and the run command."""
-
-from reach_platform.celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""Agent-Reach platform: settings, URLs, the ASGI entry points and the run command."""

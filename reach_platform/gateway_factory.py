@@ -24,7 +24,7 @@ from gateway.idempotency import MemoryStore, RedisStore
 from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
 from gateway.metrics import LIMITS_DEGRADED
 from gateway.usage import UsageQueue, ship_to_redis
-from registry.services import endpoint_policy
+from reach_platform.endpoints import endpoint_policy
 from routing.router import IntentIndexHolder, Router
 from routing.table import RouteTable
 
@@ -112,12 +112,19 @@ def build_application(*, governed: bool = True):
     from channels.routing import ProtocolTypeRouter
     from django.core.asgi import get_asgi_application
 
-    from reach_platform.routes_runtime import return_freed_memory, start_route_subscriber
+    from reach_platform.routes_runtime import (
+        map_large_blocks,
+        return_freed_memory,
+        start_route_subscriber,
+    )
     from routing.embedders import configured_embedder
 
-    django_application = heartbeat_door(get_asgi_application())
+    django_application = get_asgi_application()
+    if settings.SERVE_API:
+        django_application = heartbeat_door(django_application)
     if not settings.SERVE_GATEWAY:
         return control_plane_only(django_application), None
+    map_large_blocks()
     runtime = start_route_subscriber()
     intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
                                 threshold=settings.INTENT_THRESHOLD)
@@ -127,6 +134,9 @@ def build_application(*, governed: bool = True):
     gateway = build_gateway(table=lambda: runtime.subscriber.table,
                             router=Router(index=intents, clock=runtime.subscriber.lease_clock),
                             governed=governed)
+
+    if not settings.SERVE_API:
+        django_application = _only_health_checks(django_application)
 
     async def http_application(scope, receive, send) -> None:
         # A prefix test rather than Channels' URLRouter: this runs for every gateway
@@ -152,22 +162,46 @@ def heartbeat_door(django_application):
     return HeartbeatDoor(django_application)
 
 
+def _not_here(message: str):
+    """An ASGI app answering every request with a 404 that says where to go instead."""
+    body = orjson.dumps({"error": {"code": "not_found", "retryable": False,
+                                   "message": message}})
+
+    async def answer(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 404,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return answer
+
+
+def _only_health_checks(django_application):
+    """A gateway process's Django: the balancer's checks, and a 404 for the rest."""
+    elsewhere = _not_here("This process serves the gateway only (reach_platform.gateway_asgi);"
+                          " call the control-plane processes for the API and the admin.")
+
+    async def http_application(scope, receive, send) -> None:
+        if scope["path"] in ("/healthz", "/readyz"):
+            await django_application(scope, receive, send)
+        else:
+            await elsewhere(scope, receive, send)
+
+    return http_application
+
+
 def control_plane_only(django_application):
     """The API and admin without the data plane: no route table followed, so route-table
     changes and heartbeats cost this process nothing. ``/v1/`` answers 404 saying so."""
     from channels.routing import ProtocolTypeRouter
 
-    body = orjson.dumps({"error": {
-        "code": "not_found", "retryable": False,
-        "message": "This process serves the control plane only (REACH_SERVE_GATEWAY=false); "
-                   "call the gateway processes."}})
+    elsewhere = _not_here("This process serves the control plane only "
+                          "(REACH_SERVE_GATEWAY=false); call the gateway processes.")
 
     async def http_application(scope, receive, send) -> None:
         path = scope["path"]
         if path.startswith("/v1/") or path == "/metrics":
-            await send({"type": "http.response.start", "status": 404,
-                        "headers": [(b"content-type", b"application/json")]})
-            await send({"type": "http.response.body", "body": body})
+            await elsewhere(scope, receive, send)
         else:
             await django_application(scope, receive, send)
 

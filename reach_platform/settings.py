@@ -260,13 +260,17 @@ AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
 # (250/s of a 1 s agent: ~250; one process serves at most ~1,000/s): 1024 leaves
 # headroom; raise it for slower agents (long streams).
 GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
-# Whether this process serves the gateway (and so follows the route table). The embedded
-# default serves both; production runs control-plane processes with false, so route-table
-# changes and heartbeats cost them nothing.
 # How often, at most, a gateway writes its route table to DATA_DIR/routes.json, the
 # fallback for a cold start with the database down.
 ROUTES_SNAPSHOT_EVERY_S = env.float("REACH_ROUTES_SNAPSHOT_EVERY_S", default=30.0)
+# Whether this process serves the gateway (and so follows the route table). The embedded
+# default serves both; production runs control-plane processes with false, so route-table
+# changes and heartbeats cost them nothing.
 SERVE_GATEWAY = env.bool("REACH_SERVE_GATEWAY", default=True)
+# Whether it serves the API and the admin: false only in a gateway process, which
+# reach_platform.gateway_settings configures (not an environment variable: those
+# processes are started from their own entry point, reach_platform.gateway_asgi).
+SERVE_API = True
 # The CPU's guard: an event loop late by more than this (ms) three ticks in a row halves the
 # limit on calls in flight until it is on time again (0: off). At 5x for 20 s with
 # 0 / 20 / 50 ms: 2453 / 0 / 428 client time-outs; 20 ms also recovered fastest. 60 s at

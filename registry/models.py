@@ -324,3 +324,18 @@ class RouteVersion(models.Model):
 
     def __str__(self) -> str:
         return f"route table v{self.version}"
+
+
+class RouteChange(models.Model):
+    """Which row each route-table version changed: a subscriber that missed versions reads
+    the rows changed since its own, not the whole table (a fleet of 10,000 agents takes
+    2-3 s and tens of MB to reload). Kept for the last ``KEEP`` versions."""
+
+    KEEP = 20_000
+
+    version = models.BigIntegerField(primary_key=True)
+    kind = models.CharField(max_length=16)
+    row = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"v{self.version}: {self.kind} {self.row}"

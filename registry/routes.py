@@ -22,7 +22,7 @@ from django.db.models import F
 
 from reach_core import outage
 from reach_platform.bus import route_bus
-from registry.models import RouteVersion
+from registry.models import RouteChange, RouteVersion
 from registry.snapshot import entry_for
 from routing.table import Delta, LoadReport, delta_to_wire, load_to_wire
 
@@ -76,11 +76,22 @@ def _version_and_read(kind: str, pk: int) -> Delta:
     if not counter.update(version=F("version") + 1):
         RouteVersion.objects.get_or_create(pk=1, defaults={"version": 1})
     version = counter.values_list("version", flat=True).get()
+    RouteChange.objects.create(version=version, kind=kind, row=pk)
     entry = entry_for(kind, pk)
     return Delta(
         version=version, kind=kind, op="upsert" if entry is not None else "delete", pk=pk,
         entry=entry,
     )
+
+
+def prune_changes() -> int:
+    """Forget which rows versions changed, but for the last ``RouteChange.KEEP``; a
+    subscriber further behind reloads the whole table. Returns how many went."""
+    from registry.snapshot import current_version
+
+    deleted, _ = RouteChange.objects.filter(
+        version__lte=current_version() - RouteChange.KEEP).delete()
+    return deleted
 
 
 def load_reported(report: LoadReport) -> None:

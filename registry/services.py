@@ -6,16 +6,15 @@ import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass
-from functools import cache
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from reach_core import keys
-from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_registration
+from reach_core.endpoints import EndpointRefused, check_registration
+from reach_platform.endpoints import endpoint_policy
 from registry import health, heartbeats, routes
 from registry.choices import InstanceState
 from registry.descriptors import normalise_params
@@ -41,15 +40,6 @@ DRAIN_GRACE = dt.timedelta(seconds=30)
 
 class RegistrationConflict(Exception):
     """The namespace + name belongs to another tenant, or the token is for another agent."""
-
-
-@cache
-def _policy(allow: tuple[str, ...], own_ports: tuple[int, ...]) -> EndpointPolicy:
-    return EndpointPolicy.from_setting(allow, own_ports)
-
-
-def endpoint_policy() -> EndpointPolicy:
-    return _policy(tuple(settings.UPSTREAM_ALLOW), tuple(settings.OWN_PORTS))
 
 
 def synonym_table() -> dict[str, str]:
@@ -374,6 +364,7 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
                 gone, pk=instance.pk, state=InstanceState.DRAINING).delete()
             if deleted:
                 counts["removed"] += 1
+    counts["route_changes_pruned"] = routes.prune_changes()
     return counts
 
 

@@ -46,6 +46,7 @@ UNKNOWN_CJK_BIGRAM = 0.2
 # covering capability is looked for in.
 MAX_CANDIDATES = 50
 BM25_K1 = 1.2
+BUILD_SLICE = 256  # capability texts added at a time when an index is built
 BM25_B = 0.75
 
 
@@ -142,7 +143,12 @@ class IntentIndex:
         self._keyword_slots: dict[tuple[bool, str], np.ndarray] = {}
         self._keywords_by_start: dict[str, tuple[tuple[bool, str], ...]] = {}
         self._speller = Speller()
-        self._change([], list(capabilities))
+        # In slices: a whole fleet's features at once (10,000 capabilities) leave the
+        # index's few long-lived objects scattered over some 30 MB of the allocator's
+        # arenas, which stay with the process; slices reuse one slice's worth of room.
+        capabilities = list(capabilities)
+        for start in range(0, max(1, len(capabilities)), BUILD_SLICE):
+            self._change([], capabilities[start:start + BUILD_SLICE])
 
     def updated(self, texts: Iterable[CapabilityText] = (),
                 removed: Iterable[str] = ()) -> IntentIndex:

@@ -55,7 +55,7 @@ class InstanceSerializer(CleanModelSerializer):
 
     def validate_endpoint(self, value: str) -> str:
         from reach_core.endpoints import EndpointRefused, check_registration
-        from registry.services import endpoint_policy
+        from reach_platform.endpoints import endpoint_policy
 
         try:
             return check_registration(value, endpoint_policy())

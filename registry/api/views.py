@@ -12,6 +12,7 @@ from audit.models import AuditAction, AuditSource
 from audit.services import audit_record
 from reach_core import keys
 from reach_platform.api import TenantScopedViewSet
+from reach_platform.endpoints import endpoint_policy
 from reach_platform.parsers import StrictJSONParser
 from registry import heartbeats
 from registry.api.parsers import TextYAMLParser, XYAMLParser, YAMLTextParser
@@ -30,7 +31,6 @@ from registry.models import Agent, Capability, Instance, Namespace, ParameterSyn
 from registry.services import (
     RegistrationConflict,
     agent_register,
-    endpoint_policy,
     instance_deregister,
     instance_drain,
     instance_heartbeat,

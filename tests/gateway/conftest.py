@@ -20,7 +20,7 @@ from tenants.choices import ApiKeyScope
 from tests import factories
 from tests.support.forwarder import Forwarder
 from tests.support.inprocess import start_scripted_agent, stop_process
-from tests.support.servers import free_port, platform_env, running, uvicorn_args
+from tests.support.servers import ALL_IN_ONE, free_port, platform_env, running, uvicorn_args
 
 
 def database_url() -> str:
@@ -136,10 +136,11 @@ def gateway_env(tmp_path, *, redis_url: str | None = None, **extra: str) -> dict
 
 
 @contextlib.contextmanager
-def another_gateway(tmp_path, name: str, *, redis_url: str | None = None):
+def another_gateway(tmp_path, name: str, *, redis_url: str | None = None,
+                    app: str = ALL_IN_ONE):
     """A second gateway process beside the fixture's; yields its base URL."""
     port = free_port()
-    with running(uvicorn_args(port), env=gateway_env(tmp_path, redis_url=redis_url),
+    with running(uvicorn_args(port, app), env=gateway_env(tmp_path, redis_url=redis_url),
                  port=port, log=tmp_path / f"{name}.log") as base:
         yield base
 

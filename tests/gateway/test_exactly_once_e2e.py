@@ -8,6 +8,7 @@ import concurrent.futures
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from decimal import Decimal
@@ -36,14 +37,31 @@ def clients(bases, key):
 
 
 def fire(pool_clients, n: int, body=ECHO, headers=None) -> list[int]:
-    """``n`` concurrent calls spread over the clients; their statuses."""
-    def one(i: int) -> int:
-        client = pool_clients[i % len(pool_clients)]
-        return client.post("/v1/invoke", json=body, headers=headers(i) if headers else None
-                           ).status_code
+    """``n`` concurrent calls spread over the clients' gateways; their statuses. Each thread
+    calls through clients of its own, made like ``pool_clients``: one httpx client shared
+    by 50 threads once failed a run with the client's own EBADF (no gateway answer)."""
+    local = threading.local()
+    made: list[httpx.Client] = []
+    lock = threading.Lock()
 
-    with concurrent.futures.ThreadPoolExecutor(50) as pool:
-        return list(pool.map(one, range(n)))
+    def client_for(i: int) -> httpx.Client:
+        if not hasattr(local, "clients"):
+            local.clients = [httpx.Client(base_url=c.base_url, timeout=c.timeout,
+                                          headers=c.headers) for c in pool_clients]
+            with lock:
+                made.extend(local.clients)
+        return local.clients[i % len(pool_clients)]
+
+    def one(i: int) -> int:
+        return client_for(i).post("/v1/invoke", json=body,
+                                  headers=headers(i) if headers else None).status_code
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            return list(pool.map(one, range(n)))
+    finally:
+        for client in made:
+            client.close()
 
 
 def test_budgets_hold_under_concurrency_over_two_gateways(gateway, tmp_path):

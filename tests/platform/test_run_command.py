@@ -147,8 +147,8 @@ def test_the_run_port_is_one_of_the_platforms_own_ports(first_run):
 
 def test_claim_own_port_joins_the_setting(settings, monkeypatch):
     from reach_core.endpoints import EndpointRefused, check_registration
+    from reach_platform.endpoints import endpoint_policy
     from reach_platform.management.commands.reach_run import claim_own_port
-    from registry.services import endpoint_policy
 
     monkeypatch.setenv("REACH_OWN_PORTS", "8000")
     settings.OWN_PORTS = [8000]

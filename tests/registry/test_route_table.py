@@ -14,7 +14,7 @@ from django.conf import settings
 from registry.health import Load
 from registry.models import Agent, Instance
 from registry.services import Heartbeat, agent_register, instance_heartbeat
-from registry.snapshot import build_table, entry_for
+from registry.snapshot import build_table, changes_since, current_version, entry_for
 from registry.spec import AgentSpec, CapabilitySpec
 from routing.subscriber import RouteTableSubscriber
 from routing.table import table_from_wire
@@ -70,6 +70,59 @@ def test_deltas_replayed_on_a_start_snapshot_equal_a_fresh_build(
     assert [i.health_tier for i in agent.instances] == ["overloaded", "healthy"]
     assert world.agent_b.pk not in fresh.agents
     assert issued.api_key.pk not in fresh.api_keys  # revoked keys leave the data plane
+
+
+@pytest.mark.django_db
+def test_a_subscriber_that_missed_versions_catches_up_from_the_change_log(
+    world, django_capture_on_commit_callbacks
+):
+    subscriber = RouteTableSubscriber(loader=build_table, current_version=current_version,
+                                      changes_since=changes_since)
+    subscriber.start()
+    with django_capture_on_commit_callbacks(execute=True):  # every delta lost
+        registration = agent_register(tenant=world.tenant_a, spec=spec("y", 9311, "y.a"))
+    with django_capture_on_commit_callbacks(execute=True):
+        agent_register(tenant=world.tenant_a, spec=spec("y", 9312, "y.b"))
+    with django_capture_on_commit_callbacks(execute=True):
+        issued = factories.api_key(tenant=world.tenant_b)
+    with django_capture_on_commit_callbacks(execute=True):
+        api_key_revoke(api_key=issued.api_key)
+    with django_capture_on_commit_callbacks(execute=True):
+        Agent.objects.filter(pk=world.agent_b.pk).delete()
+
+    subscriber.check()
+
+    assert (subscriber.reloads, subscriber.catch_ups) == (1, 1)
+    assert subscriber.table == build_table()
+    assert [c.capability_id for c in
+            subscriber.table.agents[registration.agent.pk].capabilities] == ["y.b"]
+    assert world.agent_b.pk not in subscriber.table.agents
+
+
+@pytest.mark.django_db
+def test_the_change_log_keeps_the_last_versions_and_older_gaps_reload(world):
+    from registry import routes
+    from registry.models import RouteChange
+
+    subscriber = RouteTableSubscriber(loader=build_table, current_version=current_version,
+                                      changes_since=changes_since)
+    subscriber.start()
+    for n in range(3):
+        agent_register(tenant=world.tenant_a, spec=spec(f"z{n}", 9320 + n, f"z.{n}"))
+        routes.flush()
+    now = current_version()
+    RouteChange.KEEP, keep = 2, RouteChange.KEEP
+    try:
+        pruned = routes.prune_changes()
+    finally:
+        RouteChange.KEEP = keep
+    assert sorted(RouteChange.objects.values_list("version", flat=True)) == [now - 1, now]
+    assert pruned > 0
+    assert changes_since(now - 1) is not None and changes_since(now - 3) is None
+
+    subscriber.check()  # behind by more than the log keeps
+    assert (subscriber.reloads, subscriber.catch_ups) == (2, 0)
+    assert subscriber.table == build_table()
 
 
 @pytest.mark.django_db

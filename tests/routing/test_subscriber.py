@@ -99,6 +99,63 @@ def test_a_gap_triggers_a_full_reload(source):
     assert sub.table.version == 2 and set(sub.table.agents) == {1, 2}
 
 
+class ChangeLog:
+    """``changes_since`` over a ``Source``: the rows changed after a version, as deltas
+    stamped with the current one; None for versions older than what it ``keeps``."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.changed: dict[int, int] = {}  # version -> agent pk
+        self.keeps_from = 1
+        self.asked: list[int] = []
+
+    def upsert(self, entry: AgentEntry) -> dict:
+        message = self.source.upsert(entry)
+        self.changed[message["version"]] = entry.pk
+        return message
+
+    def __call__(self, version: int):
+        self.asked.append(version)
+        now = self.source.table.version
+        if version + 1 < self.keeps_from:
+            return None
+        rows = sorted({pk for v, pk in self.changed.items() if version < v <= now})
+        return now, [Delta(version=now, kind="agent", op="upsert", pk=pk,
+                           entry=self.source.table.agents[pk]) for pk in rows]
+
+
+def test_a_gap_is_closed_with_the_rows_changed_since_not_a_reload(source):
+    log = ChangeLog(source)
+    sub = RouteTableSubscriber(loader=source.load, current_version=source.version,
+                               changes_since=log)
+    sub.start()
+    log.upsert(agent(1))  # lost on the way
+    log.upsert(agent(2, version="1.0.0"))  # lost too
+    log.upsert(agent(2, version="2.0.0"))  # ... and changed again
+    sub.handle(log.upsert(agent(3)))
+
+    assert (sub.reloads, sub.catch_ups, log.asked) == (1, 1, [0])
+    assert sub.table == source.table  # what a reload would have given
+    assert sub.table.agents[2].version == "2.0.0" and sub.table.version == 4
+
+    log.upsert(agent(4))  # the last message of a burst lost: the periodic check
+    sub.check()
+    assert (sub.reloads, sub.catch_ups, sub.table.version) == (1, 2, 5)
+    assert sub.table == source.table
+
+
+def test_a_gap_older_than_the_change_log_reloads_the_whole_table(source):
+    log = ChangeLog(source)
+    sub = RouteTableSubscriber(loader=source.load, current_version=source.version,
+                               changes_since=log)
+    sub.start()
+    log.upsert(agent(1))
+    log.keeps_from = 2  # version 1's row was pruned
+    sub.handle(log.upsert(agent(2)))
+    assert (sub.reloads, sub.catch_ups) == (2, 0)
+    assert sub.table == source.table
+
+
 def test_a_lost_last_message_is_caught_by_the_periodic_check(source):
     sub = make(source)
     sub.start()

@@ -101,8 +101,12 @@ def running(args: list[str], *, env: dict[str, str], port: int, log: Path) -> It
             proc.wait()
 
 
-def uvicorn_args(port: int) -> list[str]:
+ALL_IN_ONE = "reach_platform.asgi:application"
+GATEWAY_ONLY = "reach_platform.gateway_asgi:application"
+
+
+def uvicorn_args(port: int, app: str = ALL_IN_ONE) -> list[str]:
     return [
-        "-m", "uvicorn", "reach_platform.asgi:application", "--host", "127.0.0.1",
+        "-m", "uvicorn", app, "--host", "127.0.0.1",
         "--port", str(port), "--lifespan", "on", "--log-level", "warning",
     ]
