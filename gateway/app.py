@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -35,10 +36,12 @@ from gateway.calls import Caller
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.governance import Governor
-from gateway.http_io import header, send_bytes, send_error, send_json
+from gateway.http_io import header, read_body, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
 from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
 from gateway.pipeline import Pipeline, Request
+from gateway.task_runner import TaskRunner
+from gateway.tasks import EngineSettings, TaskDoors, TaskEngine, task_path
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
@@ -67,8 +70,16 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("HEAD", "/v1/route"): Route("route", "_route"),
     ("GET", "/metrics"): Route("metrics", "_metrics"),
     ("HEAD", "/metrics"): Route("metrics", "_metrics"),
+    ("GET", "/v1/tasks"): Route("tasks", "_task_list"),
 }
 _PATHS = {path for _, path in ROUTES}
+# ``/v1/tasks/<id>`` and its actions: (method, action) -> route.
+TASK_ROUTES: dict[tuple[str, str], Route] = {
+    ("GET", ""): Route("task", "_task"),
+    ("GET", "events"): Route("task_events", "_task_events"),
+    ("POST", "cancel"): Route("task_cancel", "_task_cancel"),
+    ("POST", "messages"): Route("task_messages", "_task_messages"),
+}
 
 
 class GatewayApp:
@@ -76,11 +87,17 @@ class GatewayApp:
                  config: GatewayConfig, breakers: CircuitBreakers, governor: Governor | None,
                  usage: UsageQueue | None, idempotency=None, idempotency_fail_open=False,
                  background: Sequence[Callable[[], Awaitable[None]]] = (),
-                 closers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
+                 closers: Sequence[Callable[[], Awaitable[None]]] = (),
+                 tasks: TaskDoors | None = None, engine: EngineSettings | None = None
+                 ) -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
         ``background``: coroutine functions run for the process's lifetime; ``closers``:
-        coroutine functions awaited at shutdown (Redis clients)."""
+        coroutine functions awaited at shutdown (Redis clients); ``tasks``: the
+        ``/v1/tasks`` doors and asynchronous submissions (None: 503 for them); ``engine``:
+        this process also runs tasks (the embedded mode, and the workers'), with
+        ``tasks``' store and this pipeline."""
         self._table = table
+        self.tasks = tasks
         self.config = config
         self.usage = usage  # the run command's scheduler drains it in embedded mode
         self.breakers = breakers
@@ -90,10 +107,18 @@ class GatewayApp:
         self.pipeline = Pipeline(config=config, router=router, caller=self.caller,
                                  governor=governor, usage=usage,
                                  idempotency_store=idempotency or MemoryStore(),
-                                 idempotency_fail_open=idempotency_fail_open)
+                                 idempotency_fail_open=idempotency_fail_open, tasks=tasks)
         jobs = [*background, self.caller.pools.close_idle_forever]
         if governor is not None:
             jobs.append(governor.flush_forever)
+        self.engine: TaskEngine | None = None
+        if engine is not None and tasks is not None:
+            self.engine = TaskEngine(
+                store=tasks.store, attempt=TaskRunner(self.pipeline, table).attempt,
+                worker=engine.worker, concurrency=engine.concurrency,
+                lease_s=engine.lease_s, wakeups=engine.wakeups)
+            jobs.append(self.engine.run_forever)
+            tasks.rings.append(self._ring_engine)
         self._jobs = tuple(jobs)
         self._closers = tuple(closers)
         self._tasks: list[asyncio.Task] | None = None
@@ -108,6 +133,15 @@ class GatewayApp:
     @property
     def in_flight(self) -> int:
         return self.shedder.in_flight
+
+    async def _ring_engine(self) -> None:
+        self.engine.ring()
+
+    async def run_background(self) -> None:
+        """The background jobs, until cancelled: a process that serves no HTTP (a task
+        worker) runs its gateway this way, then ``close``s it."""
+        self._start()
+        await asyncio.gather(*self._tasks)
 
     # ---- ASGI -----------------------------------------------------------------------------
 
@@ -159,6 +193,8 @@ class GatewayApp:
         if len(path) > 1:
             path = path.rstrip("/")
         route = ROUTES.get((scope["method"], path))
+        if route is None and path.startswith("/v1/tasks/"):
+            route = self._task_route(scope, path)
         started = time.monotonic()
         outcome = Outcome.SUCCESS
         try:
@@ -167,8 +203,9 @@ class GatewayApp:
                 raise ReachError("headers_too_large", "Request headers exceed "
                                  f"{self.config.max_header_bytes} bytes.")
             if route is None:
-                if path in _PATHS:
-                    allowed = sorted(m for m, p in ROUTES if p == path)
+                if path in _PATHS or scope.get("reach.task_id"):
+                    allowed = sorted(m for m, p in ROUTES if p == path) or sorted(
+                        m for m, a in TASK_ROUTES if a == scope["reach.task_action"])
                     raise ReachError("method_not_allowed", f"Use {' or '.join(allowed)}.")
                 raise ReachError("not_found", f"No gateway route for {scope['method']} "
                                  f"{scope['path'][:200]}")
@@ -240,6 +277,59 @@ class GatewayApp:
         request = await self._request(request_id, scope, receive, send)
         body = doors.dry_run(self.router, request, internal=self._internal(scope))
         await send_json(send, 200, body, request_id)
+        return Outcome.SUCCESS
+
+    # ---- asynchronous tasks ---------------------------------------------------------------
+
+    @staticmethod
+    def _task_route(scope, path: str) -> Route | None:
+        parsed = task_path(path)
+        if parsed is None:
+            return None
+        scope["reach.task_id"], scope["reach.task_action"] = parsed
+        return TASK_ROUTES.get((scope["method"], parsed[1]))
+
+    async def _task_doors(self, request_id, scope, receive, send) -> tuple[TaskDoors, int]:
+        request = await self._request(request_id, scope, receive, send)
+        if self.tasks is None:
+            raise ReachError("service_unavailable", "This gateway serves no asynchronous "
+                             "tasks (no task store is configured).")
+        return self.tasks, request.key.tenant_pk
+
+    async def _task_list(self, request_id, scope, receive, send) -> str:
+        doors_, tenant = await self._task_doors(request_id, scope, receive, send)
+        query = {k: v[-1] for k, v in parse_qs(
+            scope.get("query_string", b"").decode("latin-1")).items()}
+        await send_json(send, 200, await doors_.list(tenant, query), request_id)
+        return Outcome.SUCCESS
+
+    async def _task(self, request_id, scope, receive, send) -> str:
+        doors_, tenant = await self._task_doors(request_id, scope, receive, send)
+        await send_json(send, 200, await doors_.get(tenant, scope["reach.task_id"]),
+                        request_id)
+        return Outcome.SUCCESS
+
+    async def _task_events(self, request_id, scope, receive, send) -> str:
+        doors_, tenant = await self._task_doors(request_id, scope, receive, send)
+        await doors_.events(tenant, scope["reach.task_id"], request_id, receive, send)
+        return Outcome.SUCCESS
+
+    async def _task_cancel(self, request_id, scope, receive, send) -> str:
+        doors_, tenant = await self._task_doors(request_id, scope, receive, send)
+        await read_body(scope, receive, self.config.max_body_bytes)
+        await send_json(send, 200, await doors_.cancel(tenant, scope["reach.task_id"]),
+                        request_id)
+        return Outcome.SUCCESS
+
+    async def _task_messages(self, request_id, scope, receive, send) -> str:
+        doors_, tenant = await self._task_doors(request_id, scope, receive, send)
+        content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
+        if content_type.lower() != "application/json":
+            raise ReachError("unsupported_media_type",
+                             "Send the request body as Content-Type: application/json.")
+        raw = await read_body(scope, receive, self.config.max_body_bytes)
+        await send_json(send, 200, await doors_.message(tenant, scope["reach.task_id"], raw),
+                        request_id)
         return Outcome.SUCCESS
 
     async def _metrics(self, request_id, scope, receive, send) -> str:

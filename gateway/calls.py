@@ -21,6 +21,7 @@ from gateway.credentials import Credentials
 from gateway.metrics import BAD_RESPONSES, UPSTREAM_LATENCY
 from gateway.protocols import PROTOCOLS, AgentResponse
 from gateway.protocols.base import thaw
+from gateway.tasks import TaskRef
 from gateway.upstream import (
     UpstreamFailure,
     UpstreamPools,
@@ -50,6 +51,8 @@ class CallContext:
     admission: Any = None  # the governor's, for the candidate being tried
     # The agent's reported usage (input, output tokens) once it answered; None before.
     reported: tuple[int, int] | None = None
+    task: TaskRef | None = None  # a task's attempt: told to the agent
+    metered: bool = True  # False: not a call of its own (a task's submission)
 
     @property
     def idempotent(self) -> bool:
@@ -206,7 +209,8 @@ class Caller:
                                  "call within its budget; retry shortly.")
             raise ctx.timed_out()
         upstream = PROTOCOLS[agent.protocol].request(agent, candidate.capability, payload,
-                                                     stream=stream, request_id=ctx.request_id)
+                                                     stream=stream, request_id=ctx.request_id,
+                                                     task=ctx.task)
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream" if stream else "application/json",
@@ -217,6 +221,8 @@ class Caller:
         }
         if ctx.idempotency_key is not None:
             headers["idempotency-key"] = ctx.idempotency_key
+        if ctx.task is not None:
+            headers["x-reach-task-id"] = ctx.task.task_id
         query: dict[str, str] = {}
         ssl_context = self.credentials.apply(table, ctx.tenant_pk, agent.pk, headers, query)
         url = upstream_url(instance.endpoint, upstream.path)
@@ -314,6 +320,9 @@ class Caller:
         self._record(instance.pk, ok=True, started=upstream.started)
         UPSTREAM_LATENCY.labels(upstream.candidate.agent.protocol).observe(
             time.monotonic() - upstream.started)
+        if upstream.response.status == 202 and not body.strip():
+            ctx.reported = (0, 0)
+            return AgentResponse(state="working")  # accepted, nothing more said
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -323,6 +332,8 @@ class Caller:
             agent = upstream.candidate.agent
             reply = PROTOCOLS[agent.protocol].parse(agent, upstream.candidate.capability, data)
             ctx.reported = (reply.input_tokens, reply.output_tokens)
+            if reply.state is None and upstream.response.status == 202:
+                reply.state = "working"  # accepted: the agent reports the rest later
         except ReachError as error:
             if error.kind.code == "upstream_bad_response":
                 BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()

@@ -12,12 +12,13 @@ A door parses and shapes; it never forwards, retries, meters or admits itself.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from urllib.parse import parse_qs
 
 import orjson
 
 from gateway.http_io import parse_json
-from gateway.pipeline import Call, Request, Result, route_message
+from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message
 from reach_core.errors import ReachError
 from routing.router import Router, RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
@@ -28,24 +29,58 @@ _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
 # ---- POST /v1/invoke ------------------------------------------------------------------------
 
 
+_ASYNC_FIELDS = ("mode", "callback_url", "callback_secret")
+
+
 def invoke(request: Request, *, internal: bool) -> Call:
     body = parse_json(request.raw)
+    mode = body.get("mode", "sync")
+    if mode not in ("sync", "async"):
+        raise ReachError("invalid_input", "'mode' must be 'sync' or 'async'.",
+                         details={"mode": ["must be 'sync' or 'async'"]})
+    namespace = request.header(b"x-reach-namespace")
+    if mode == "sync":
+        for name in ("callback_url", "callback_secret"):
+            if name in body:
+                raise ReachError("invalid_input", f"'{name}' is for \"mode\": \"async\" "
+                                 "calls.", details={name: ["only with mode async"]})
+        return invoke_call(body, request.key.tenant_pk, namespace=namespace,
+                           internal=internal)
+    if body.get("stream", False) is not False:
+        raise ReachError("invalid_input", "An asynchronous call does not stream: follow "
+                         "its task's events (/v1/tasks/<id>/events).",
+                         details={"stream": ["not with mode async"]})
+    callback_url = body.get("callback_url") or ""
+    secret = body.get("callback_secret", "default")
+    if not isinstance(secret, str) or not secret:
+        raise ReachError("invalid_input", "'callback_secret' must name a signing secret.",
+                         details={"callback_secret": ["must be a name"]})
+    call_body = {k: v for k, v in body.items() if k not in _ASYNC_FIELDS}
+    call = invoke_call(call_body, request.key.tenant_pk, namespace=namespace,
+                       internal=internal)
+    return replace(call, asynchronous=AsyncRequest(
+        request={"body": call_body, "namespace": namespace, "internal": internal},
+        callback_url=callback_url, signing_secret=secret))
+
+
+def invoke_call(body: dict, tenant_pk: int, *, namespace: str | None, internal: bool,
+                prefer_instance: int | None = None) -> Call:
+    """The call ``POST /v1/invoke`` makes of ``body``: what a task's attempts run again."""
     stream = _stream_flag(body)
-    if body.get("mode", "sync") != "sync":
-        raise ReachError("invalid_input", "Only mode 'sync' is available; async tasks "
-                         "and callbacks are not served by this gateway yet.")
     payload, params = body.get("input", {}), body.get("params", {})
     if not isinstance(payload, dict) or not isinstance(params, dict):
         raise ReachError("invalid_input", "'input' and 'params' must be JSON objects.")
     payload = {**params, **payload}
     route = route_request(
-        request.key.tenant_pk,
+        tenant_pk,
         {k: body.get(k) for k in _ROUTE_FIELDS} | {
             "src_lang": payload.get("src_lang"), "dest_lang": payload.get("dest_lang"),
             "input_chars": str(len(orjson.dumps(payload))),
         },
-        namespace=request.header(b"x-reach-namespace"), internal=internal,
+        namespace=namespace, internal=internal,
     )
+    if prefer_instance is not None:
+        route = replace(route, prefer_instance=prefer_instance)
     return Call(route=route, payload=lambda protocol: payload, reply=agent_response,
                 stream=stream, events=agent_response_event)
 

@@ -46,9 +46,12 @@ from gateway.inputs import Defaults, canonical_input
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
 from gateway.sse import EventFramer, data_of
+from gateway.tasks import Submission as TaskSubmission
+from gateway.tasks import TaskDoors
 from gateway.upstream import UpstreamFailure
 from gateway.usage import UsageQueue
 from reach_core import requestid
+from reach_core.endpoints import EndpointRefused, resolve_and_check_target
 from reach_core.errors import ReachError
 from reach_core.kinds import CapabilityKind, Outcome
 from routing.router import Candidate, Router, RouteRequest, capability_visible
@@ -111,13 +114,27 @@ class Call:
         lambda protocol, agent_name: None
     finish: bytes = b""
     keep_usage_events: bool = True
+    # ``mode: async``: checked like a call (routing, input), then stored as a task for the
+    # workers and answered 202 (``Pipeline._submit``).
+    asynchronous: AsyncRequest | None = None
+
+
+@dataclass(frozen=True)
+class AsyncRequest:
+    """An asynchronous submission's own fields, besides the call."""
+
+    request: dict  # what the task's attempts will run: the body, the namespace, internal
+    callback_url: str = ""
+    signing_secret: str = "default"  # noqa: S105  (the name of one, not a secret)
 
 
 class Pipeline:
     def __init__(self, *, config: GatewayConfig, router: Router, caller: Caller,
                  governor: Governor | None, usage: UsageQueue | None,
-                 idempotency_store, idempotency_fail_open: bool = False) -> None:
+                 idempotency_store, idempotency_fail_open: bool = False,
+                 tasks: TaskDoors | None = None) -> None:
         self.config = config
+        self.tasks = tasks
         self.router = router
         self.caller = caller
         self.defaults = Defaults()
@@ -147,6 +164,8 @@ class Pipeline:
             self._read_headers(request, ctx)
             call = parse(request)
             candidate, payload = self._route(request.table, call, ctx)
+            if call.asynchronous is not None:
+                return await self._submit(request, call, ctx, candidate)
             if self.governor is not None:
                 ctx.admission = await self.governor.admit(
                     request.table, ctx.tenant_pk, candidate,
@@ -164,6 +183,60 @@ class Pipeline:
             raise
         finally:
             await self._meter(ctx, ctx.admission, outcome)
+
+    async def perform(self, table: RouteTable, call: Call, ctx: CallContext) -> Result:
+        """One non-streamed call without an HTTP caller (a task's attempt): route, admit,
+        open (the deadline, the one retry), read, meter. Raises ``ReachError``."""
+        outcome: str = Outcome.SUCCESS
+        try:
+            candidate, payload = self._route(table, call, ctx)
+            if self.governor is not None:
+                ctx.admission = await self.governor.admit(
+                    table, ctx.tenant_pk, candidate, ceiling=ceiling(candidate, payload),
+                    lease_s=self._lease_s(ctx, call))
+            route_ms = (time.monotonic() - ctx.started) * 1000
+            upstream = await self._open(table, call, candidate, payload, ctx, stream=False)
+            reply = await self.caller.read(upstream, ctx)
+            return Result(upstream.candidate, reply, ctx, route_ms)
+        except ReachError as error:
+            outcome = error.code
+            raise
+        except asyncio.CancelledError:
+            outcome = Outcome.CLIENT_CANCELLED
+            raise
+        except Exception:
+            outcome = Outcome.INTERNAL_ERROR
+            raise
+        finally:
+            await self._meter(ctx, ctx.admission, outcome)
+
+    async def _submit(self, request: Request, call: Call, ctx: CallContext,
+                      candidate: Candidate) -> str:
+        """An asynchronous call, checked as a call would be (it routes, its input is
+        valid), stored as a task, answered 202. Its attempts are metered, not this."""
+        if self.tasks is None:
+            raise ReachError("service_unavailable", "This gateway takes no asynchronous "
+                             "tasks (no task store is configured).")
+        spec = call.asynchronous
+        if spec.callback_url:
+            await check_callback_url(spec.callback_url, self.config.policy)
+        task, created = await self.tasks.submitted(TaskSubmission(
+            tenant_pk=ctx.tenant_pk, request_id=ctx.request_id, request=spec.request,
+            capability=candidate.capability.capability_id,
+            fingerprint=idempotency.fingerprint(request.raw),
+            idempotency_key=ctx.idempotency_key, callback_url=spec.callback_url,
+            signing_secret=spec.signing_secret))
+        ctx.metered = False
+        extra = [(b"location", f"/v1/tasks/{task['id']}".encode())]
+        if not created:
+            IDEMPOTENT_REPLAYS.inc()
+            extra.append((b"idempotent-replayed", b"true"))
+        await send_json(request.send, 202, {
+            "task_id": task["id"], "state": task["state"], "request_id": task["request_id"],
+            "idempotency_key": task["idempotency_key"], "capability": task["capability"],
+            "links": {"self": f"/v1/tasks/{task['id']}",
+                      "events": f"/v1/tasks/{task['id']}/events"}}, request.request_id, extra)
+        return Outcome.SUCCESS
 
     async def _serve(self, request: Request, call: Call, ctx: CallContext,
                      candidate: Candidate, payload: dict) -> str:
@@ -434,7 +507,7 @@ class Pipeline:
         """One usage event per call, whatever its outcome, and the budget settlement.
         The agent's reported usage counts whenever it answered; a call it never answered
         costs nothing. Never raises."""
-        if self.governor is None or self.usage is None:
+        if self.governor is None or self.usage is None or not ctx.metered:
             return
         candidate = ctx.candidate
         input_tokens, output_tokens = ctx.reported or (0, 0)
@@ -478,6 +551,22 @@ def ceiling(candidate: Candidate, payload: dict) -> Callable[[], Amount]:
         return Amount.of(requests=1, tokens=input_tokens + output_tokens,
                          cost=cost(candidate, input_tokens, output_tokens))
     return compute
+
+
+async def check_callback_url(url: object, policy) -> None:
+    """A callback URL as safe as an agent's endpoint, its name resolved now (and again at
+    delivery): 400 naming ``callback_url`` otherwise."""
+    if not isinstance(url, str) or len(url) > 2048:
+        raise ReachError("invalid_input", "'callback_url' must be a URL of at most 2048 "
+                         "characters.", details={"callback_url": ["not a URL"]})
+    try:
+        await asyncio.to_thread(resolve_and_check_target, url, policy)
+    except EndpointRefused as exc:
+        raise ReachError("invalid_input", f"callback_url is refused: {exc}",
+                         details={"callback_url": [str(exc)]}) from None
+    except OSError:
+        raise ReachError("invalid_input", "callback_url's host does not resolve.",
+                         details={"callback_url": ["does not resolve"]}) from None
 
 
 def _code_of(body: bytes) -> str:

@@ -64,6 +64,8 @@ CATALOGUE: dict[str, ErrorKind] = {k.code: k for k in (
     ErrorKind("overloaded", 503, True),
     ErrorKind("service_unavailable", 503, True),
     ErrorKind("internal_error", 500, True),
+    # asynchronous tasks
+    ErrorKind("worker_lost", 503, True),
 )}
 
 

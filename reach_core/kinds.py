@@ -94,3 +94,24 @@ class Outcome(Kind):
     OVERLOADED = "overloaded", "Overloaded"
     SERVICE_UNAVAILABLE = "service_unavailable", "Service unavailable"
     INTERNAL_ERROR = "internal_error", "Internal error"
+    WORKER_LOST = "worker_lost", "Worker lost"
+
+
+class TaskState(Kind):
+    """An asynchronous task's state: A2A's task states, with their wire names."""
+
+    SUBMITTED = "submitted", "Submitted"
+    WORKING = "working", "Working"
+    INPUT_REQUIRED = "input-required", "Input required"
+    AUTH_REQUIRED = "auth-required", "Auth required"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELED = "canceled", "Canceled"
+    REJECTED = "rejected", "Rejected"
+
+
+# A task in one of these never changes again.
+FINAL_TASK_STATES = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELED,
+                               TaskState.REJECTED})
+# The agent waits for the caller: the task goes on when the caller sends a message.
+INTERRUPTED_TASK_STATES = frozenset({TaskState.INPUT_REQUIRED, TaskState.AUTH_REQUIRED})

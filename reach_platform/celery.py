@@ -26,6 +26,8 @@ PERIODIC = {
     "metering.rollup": 60.0,
     "metering.check_budgets": 60.0,
     "metering.restore_budget_counters": 60.0,
+    "tasks.sweep": 2.0,
+    "tasks.deliver_callbacks": 1.0,
 }
 app.conf.beat_schedule = {
     name: {"task": name, "schedule": period} for name, period in PERIODIC.items()

@@ -10,6 +10,10 @@ complete when constructed; nothing is patched in afterwards.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import socket
 from collections.abc import Callable
 
 import orjson
@@ -23,10 +27,13 @@ from gateway.governance import Governor
 from gateway.idempotency import MemoryStore, RedisStore
 from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
 from gateway.metrics import LIMITS_DEGRADED
+from gateway.tasks import EngineSettings, TaskDoors
 from gateway.usage import UsageQueue, ship_to_redis
 from reach_platform.endpoints import endpoint_policy
 from routing.router import IntentIndexHolder, Router
 from routing.table import RouteTable
+
+logger = logging.getLogger(__name__)
 
 
 def gateway_config() -> GatewayConfig:
@@ -54,17 +61,25 @@ def circuit_breakers() -> CircuitBreakers:
 
 
 def build_gateway(*, table: Callable[[], RouteTable], router: Router,
-                  governed: bool = True) -> GatewayApp:
+                  governed: bool = True, run_tasks: bool | None = None) -> GatewayApp:
     """The gateway for this process's settings. ``governed=False`` leaves out admission
     and metering, to measure what they cost (``bench/metering.py``); never in production.
+    ``run_tasks``: this process runs asynchronous tasks too (by default only the embedded
+    mode does: in production the task workers do, ``reach_platform.task_worker``).
     """
+    from reach_platform.task_store import DjangoTaskStore
+
     usage = UsageQueue() if governed else None
+    if run_tasks is None:
+        run_tasks = not settings.REDIS_URL
+    tasks = TaskDoors(DjangoTaskStore())
     if not settings.REDIS_URL:
         governor = Governor(limiter=InProcessLimiter(), ledger=MemoryBudgets(),
                             on_degraded=LIMITS_DEGRADED.inc)
         return GatewayApp(table=table, router=router, config=gateway_config(),
                           breakers=circuit_breakers(), governor=governor if governed else None,
-                          usage=usage, idempotency=MemoryStore())
+                          usage=usage, idempotency=MemoryStore(), tasks=tasks,
+                          engine=engine_settings(None) if run_tasks else None)
 
     prefix = settings.REDIS_KEY_PREFIX
     client = redis_client(settings.REDIS_URL)
@@ -80,11 +95,41 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     background = []
     if usage is not None:
         background.append(lambda: ship_to_redis(usage, client, prefix + "usage"))
+    channel = prefix + "tasks"
+
+    async def ring() -> None:
+        await client.publish(channel, b"1")
+
+    tasks.rings.append(ring)
     return GatewayApp(table=table, router=router, config=gateway_config(),
                       breakers=circuit_breakers(), governor=governor if governed else None,
                       usage=usage, idempotency=RedisStore(client, prefix),
                       idempotency_fail_open=settings.IDEMPOTENCY_FAIL_OPEN,
-                      background=background, closers=[client.aclose])
+                      background=background, closers=[client.aclose], tasks=tasks,
+                      engine=engine_settings(lambda: wakeups(client, channel))
+                      if run_tasks else None)
+
+
+def engine_settings(wakeups) -> EngineSettings:
+    return EngineSettings(worker=f"{socket.gethostname()}-{os.getpid()}",
+                          concurrency=settings.TASK_CONCURRENCY,
+                          lease_s=settings.TASK_LEASE_S, wakeups=wakeups)
+
+
+async def wakeups(client, channel: str):
+    """The task doorbell's rings (Redis pub/sub), resubscribing after an outage; a ring
+    missed meanwhile costs a poll interval, no more."""
+    while True:
+        try:
+            async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is not None:
+                        yield message
+        except Exception as exc:  # Redis away: the engine polls the database meanwhile
+            logger.warning("task doorbell: subscription lost (%s)", type(exc).__name__)
+            await asyncio.sleep(1.0)
 
 
 def redis_client(url: str):
@@ -112,28 +157,12 @@ def build_application(*, governed: bool = True):
     from channels.routing import ProtocolTypeRouter
     from django.core.asgi import get_asgi_application
 
-    from reach_platform.routes_runtime import (
-        map_large_blocks,
-        return_freed_memory,
-        start_route_subscriber,
-    )
-    from routing.embedders import configured_embedder
-
     django_application = get_asgi_application()
     if settings.SERVE_API:
         django_application = heartbeat_door(django_application)
     if not settings.SERVE_GATEWAY:
         return control_plane_only(django_application), None
-    map_large_blocks()
-    runtime = start_route_subscriber()
-    intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
-                                threshold=settings.INTENT_THRESHOLD)
-    intents.follow(runtime.subscriber, after_first=return_freed_memory)
-    # Leases are judged as of the moment this process lost its sources, if it did: an
-    # outage of ours (the database, the bus) must not look like every agent dying.
-    gateway = build_gateway(table=lambda: runtime.subscriber.table,
-                            router=Router(index=intents, clock=runtime.subscriber.lease_clock),
-                            governed=governed)
+    gateway = following_gateway(governed=governed)
 
     if not settings.SERVE_API:
         django_application = _only_health_checks(django_application)
@@ -151,6 +180,28 @@ def build_application(*, governed: bool = True):
         "http": http_application, "websocket": gateway, "lifespan": gateway,
     })
     return application, gateway
+
+
+def following_gateway(*, governed: bool = True, run_tasks: bool | None = None) -> GatewayApp:
+    """A gateway over a route table this process follows from now on (threads of its own:
+    the first load, the bus, the periodic check) and the intent index kept with it."""
+    from reach_platform.routes_runtime import (
+        map_large_blocks,
+        return_freed_memory,
+        start_route_subscriber,
+    )
+    from routing.embedders import configured_embedder
+
+    map_large_blocks()
+    runtime = start_route_subscriber()
+    intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
+                                threshold=settings.INTENT_THRESHOLD)
+    intents.follow(runtime.subscriber, after_first=return_freed_memory)
+    # Leases are judged as of the moment this process lost its sources, if it did: an
+    # outage of ours (the database, the bus) must not look like every agent dying.
+    return build_gateway(table=lambda: runtime.subscriber.table,
+                         router=Router(index=intents, clock=runtime.subscriber.lease_clock),
+                         governed=governed, run_tasks=run_tasks)
 
 
 def heartbeat_door(django_application):

@@ -15,6 +15,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",  # tenants' memberships point at users
     "tenants",
     "registry",
+    "tasks",  # /v1/tasks: submitted and read by the gateway, run by the workers
 ]
 MIDDLEWARE = [
     "reach_platform.middleware.RequestIdMiddleware",

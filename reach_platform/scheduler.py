@@ -72,3 +72,14 @@ def metering_jobs(usage_queue) -> dict[str, tuple[float, callable]]:
         "metering.check_budgets": (PERIODIC["metering.check_budgets"],
                                    lambda: budgets_check(now=timezone.now())),
     }
+
+
+def task_jobs() -> dict[str, tuple[float, callable]]:
+    """Celery beat's task jobs: the sweep (lapsed claims, deadlines) and callback
+    deliveries. The tasks themselves run in the gateway's in-process engine."""
+    from reach_platform.celery import PERIODIC
+    from tasks.callbacks import deliver_due
+    from tasks.services import tasks_sweep
+
+    functions = {"tasks.sweep": tasks_sweep, "tasks.deliver_callbacks": deliver_due}
+    return {name: (PERIODIC[name], function) for name, function in functions.items()}

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "registry",
     "metering",
     "audit",
+    "tasks",
 ]
 
 MIDDLEWARE = [
@@ -162,8 +163,28 @@ else:
 # runs) can share one Redis server.
 REDIS_KEY_PREFIX = env.str("REACH_REDIS_KEY_PREFIX", default="reach:")
 
+# ---- asynchronous tasks (tasks/, gateway/tasks.py) ------------------------------------
+# How long a task may take from submission to a final state, whoever holds it meanwhile.
+TASK_DEADLINE_S = env.int("REACH_TASK_DEADLINE_S", default=3600)
+# A worker's claim on a running task lasts this long unless renewed (every third of it);
+# a task whose worker died is run again this long after, at most TASK_MAX_ATTEMPTS times.
+TASK_LEASE_S = env.float("REACH_TASK_LEASE_S", default=15.0)
+TASK_MAX_ATTEMPTS = env.int("REACH_TASK_MAX_ATTEMPTS", default=5)
+# Tasks one worker process runs at once (0: this process runs none).
+TASK_CONCURRENCY = env.int("REACH_TASK_CONCURRENCY", default=64)
+# Callback deliveries: 1 s, 2 s, 4 s, ... between attempts (with jitter), this many retries.
+CALLBACK_RETRIES = env.int("REACH_CALLBACK_RETRIES", default=5)
+CALLBACK_BACKOFF_S = env.float("REACH_CALLBACK_BACKOFF_S", default=1.0)
+CALLBACK_TIMEOUT_S = env.float("REACH_CALLBACK_TIMEOUT_S", default=5.0)
+# Where agents reach the control plane (A2A push notifications for tasks).
+PUBLIC_URL = env.str("REACH_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "memory://")
 CELERY_TASK_ALWAYS_EAGER = False
+# The queue workers take jobs from: one per deployment when several share a broker.
+CELERY_TASK_DEFAULT_QUEUE = env.str("REACH_CELERY_QUEUE", default="celery")
+# Worker processes run asynchronous tasks in an engine of their own (reach_platform.task_worker).
+CELERY_IMPORTS = ["reach_platform.task_worker"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
@@ -223,6 +244,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "CredentialKindEnum": "tenants.choices.CredentialKind",
         "CapabilityKindEnum": "registry.choices.CapabilityKind",
+        "DeliveryStatusEnum": "tasks.choices.DeliveryStatus",
+        "ApiKeyStatusEnum": [("active", "active"), ("revoked", "revoked"),
+                             ("expired", "expired")],
     },
 }
 

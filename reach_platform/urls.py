@@ -20,6 +20,7 @@ from registry.api.views import (
     NamespaceViewSet,
     ParameterSynonymViewSet,
 )
+from tasks.api.views import SigningSecretViewSet, TaskPushView, TaskViewSet
 from tenants.api.views import (
     ApiKeyViewSet,
     CredentialViewSet,
@@ -44,6 +45,8 @@ router.register("instances", InstanceViewSet, basename="instance")
 router.register("usage/events", UsageEventViewSet, basename="usage-event")
 router.register("usage/daily", UsageDailyViewSet, basename="usage-daily")
 router.register("audit", AuditEntryViewSet, basename="audit-entry")
+router.register("tasks", TaskViewSet, basename="task")
+router.register("signing-secrets", SigningSecretViewSet, basename="signing-secret")
 
 admin.site.site_header = "Agent-Reach operations"
 admin.site.site_title = "Agent-Reach"
@@ -57,6 +60,7 @@ urlpatterns = [
     path("api/v1/usage/report/", UsageReportView.as_view(), name="usage-report"),
     path("api/v1/usage/report.csv", UsageReportCSVView.as_view(), name="usage-report-csv"),
     path("api/v1/usage/allocation/", UsageAllocationView.as_view(), name="usage-allocation"),
+    path("api/v1/tasks/<str:pk>/a2a-push", TaskPushView.as_view(), name="task-a2a-push"),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

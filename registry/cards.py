@@ -1,6 +1,6 @@
 """Fetching an A2A Agent Card by URL, with the same endpoint safety as agents' endpoints.
 
-The fetch is bounded like a probe (``registry.probe.bounded_get``): pinned to the
+The fetch is bounded like a probe (``reach_platform.outbound.bounded_get``): pinned to the
 checked address, no redirects, at most ``MAX_CARD_BYTES`` read, one deadline.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 
 from reach_core.endpoints import BlockingResolver, EndpointRefused, check_registration
-from registry.probe import FetchFailed, bounded_get
+from reach_platform.outbound import FetchFailed, bounded_get
 from registry.spec import DescriptorError
 
 MAX_CARD_BYTES = 256 * 1024

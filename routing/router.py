@@ -44,6 +44,9 @@ class RouteRequest:
     internal_network: bool = False
     # Only this agent ("name" or "namespace/name"), as an OpenAI "model" names one.
     agent: str | None = None
+    # This instance if it can take the call (a task continued where it was asked for
+    # input); the others otherwise, as usual.
+    prefer_instance: int | None = None
 
 
 @dataclass(frozen=True)
@@ -555,6 +558,14 @@ class Router:
             return Decision(capability=capability_id, chosen=None, dropped=tuple(dropped),
                             matches=tuple(matches), error=error)
 
+        if pick and request.prefer_instance is not None:
+            preferred = [r for r in kept if r.instance.pk == request.prefer_instance]
+            if preferred:
+                return Decision(capability=capability_id,
+                                chosen=self._candidate(preferred[0],
+                                                       self._weights(preferred)[0],
+                                                       match_score),
+                                matches=tuple(matches))
         if pick and len(kept) == 1 and request.cost_preference != "cheapest":
             # One candidate: nothing to rank or balance.
             only = kept[0]

@@ -20,6 +20,7 @@ from gateway.protocols.base import (
     bad_response,
     usage_tokens,
 )
+from gateway.tasks import TaskRef
 from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
 
@@ -42,6 +43,10 @@ def parts_of(result: Mapping) -> list[dict]:
     return parts
 
 
+def _text(value: Any) -> str:
+    return value[:255] if isinstance(value, str) else ""
+
+
 class A2AEventMeter(StreamMeter):
     def read_event(self, event: dict) -> tuple[Mapping | None, list[str], bool]:
         result = event.get("result")
@@ -58,18 +63,32 @@ class A2AProtocol(AgentProtocol):
     name = "a2a"
 
     def request(self, agent: AgentEntry, capability: CapabilityEntry, payload: dict, *,
-                stream: bool, request_id: str) -> UpstreamRequest:
+                stream: bool, request_id: str, task: TaskRef | None = None) -> UpstreamRequest:
         text = payload.get("text") or payload.get("prompt")
         parts: list[dict] = [{"kind": "text", "text": text}] if isinstance(text, str) else []
         data = {k: v for k, v in payload.items() if k not in ("text", "prompt")}
         if data:
             parts.append({"kind": "data", "data": data})
+        message = {"role": "user", "parts": parts, "messageId": uuid.uuid4().hex}
+        params: dict = {"message": message}
+        if task is not None:
+            # The agent's own task, when this continues it; and where it may push the
+            # task's status later (verified by the token), for work it does not finish
+            # within the call.
+            if task.agent_task_id:
+                message["taskId"] = task.agent_task_id
+            if task.agent_context_id:
+                message["contextId"] = task.agent_context_id
+            if task.push_url:
+                params["configuration"] = {"pushNotificationConfig": {
+                    "url": task.push_url, "token": task.push_token}}
         return UpstreamRequest(capability.path or "/", {
             "jsonrpc": "2.0", "id": request_id,
-            "method": "message/stream" if stream else "message/send",
-            "params": {"message": {"role": "user", "parts": parts,
-                                   "messageId": uuid.uuid4().hex}},
+            "method": "message/stream" if stream else "message/send", "params": params,
         })
+
+    def continued(self, original: dict, message: dict) -> dict:
+        return dict(message)  # the agent keeps the conversation: the answer alone
 
     def parse(self, agent: AgentEntry, capability: CapabilityEntry, body: Any) -> AgentResponse:
         if not isinstance(body, dict) or body.get("jsonrpc") != "2.0":
@@ -92,11 +111,16 @@ class A2AProtocol(AgentProtocol):
         input_tokens, output_tokens = usage_tokens(
             metadata.get("usage") if isinstance(metadata, Mapping) else None)
         status = result.get("status")
+        is_task = result.get("kind") == "task" or isinstance(status, dict)
+        state = status.get("state") if isinstance(status, dict) else None
         return AgentResponse(
             reply_content="".join(texts) or None, output=data,
             raw_meta={k: result.get(k) for k in ("kind", "id", "contextId") if k in result}
-            | ({"state": status.get("state")} if isinstance(status, dict) else {}),
+            | ({"state": state} if isinstance(status, dict) else {}),
             input_tokens=input_tokens, output_tokens=output_tokens,
+            state=state if isinstance(state, str) else None,
+            agent_task_id=_text(result.get("id")) if is_task else _text(result.get("taskId")),
+            agent_context_id=_text(result.get("contextId")),
         )
 
     def stream_meter(self) -> StreamMeter:

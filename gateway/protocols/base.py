@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from gateway.tasks import TaskRef
 from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
 
@@ -26,6 +27,12 @@ class AgentResponse:
     raw_meta: dict = field(default_factory=dict)
     input_tokens: int = 0
     output_tokens: int = 0
+    # The agent's word on the work, for a task (A2A task states): None is a plain answer
+    # (done); "working" means it took the work and reports later; "input-required" that
+    # it waits for the caller. The agent's own task and context ids (A2A) go with it.
+    state: str | None = None
+    agent_task_id: str = ""
+    agent_context_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,15 @@ class AgentProtocol:
     speaks_chat: ClassVar[bool] = False
 
     def request(self, agent: AgentEntry, capability: CapabilityEntry, payload: dict, *,
-                stream: bool, request_id: str) -> UpstreamRequest:
+                stream: bool, request_id: str, task: TaskRef | None = None) -> UpstreamRequest:
+        """``task``: the call is an attempt of that asynchronous task."""
         raise NotImplementedError
+
+    def continued(self, original: dict, message: dict) -> dict:
+        """A task's input after the caller answered the agent (``message``'s input): the
+        original input with the answer's keys over it, sent again, for agents that keep
+        no conversation; a protocol with conversations of its own sends the answer alone."""
+        return {**original, **message}
 
     def parse(self, agent: AgentEntry, capability: CapabilityEntry, body: Any) -> AgentResponse:
         """Read a non-streamed reply. Raises ``ReachError`` for a reply that is not what the
@@ -104,6 +118,21 @@ class AgentProtocol:
 
     def stream_meter(self) -> StreamMeter:
         return StreamMeter()
+
+
+TASK_STATES = frozenset({"submitted", "working", "input-required", "auth-required",
+                         "completed", "failed", "canceled", "rejected", "unknown"})
+
+
+def stated(body: Any) -> tuple[str | None, str]:
+    """A plain agent's word on a task, from its reply's ``status`` object
+    (``{"status": {"state": "input-required", "message": "Which language?"}}``): the state
+    and the message, or ``(None, "")`` when the reply says nothing of the kind."""
+    status = body.get("status") if isinstance(body, Mapping) else None
+    if not isinstance(status, Mapping) or status.get("state") not in TASK_STATES:
+        return None, ""
+    message = status.get("message")
+    return status["state"], message if isinstance(message, str) else ""
 
 
 def bad_response(message: str) -> ReachError:

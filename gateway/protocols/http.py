@@ -18,9 +18,11 @@ from gateway.protocols.base import (
     UpstreamRequest,
     bad_response,
     dig,
+    stated,
     thaw,
     usage_tokens,
 )
+from gateway.tasks import TaskRef
 from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
 
@@ -41,7 +43,7 @@ class HttpProtocol(AgentProtocol):
     name = "http"
 
     def request(self, agent: AgentEntry, capability: CapabilityEntry, payload: dict, *,
-                stream: bool, request_id: str) -> UpstreamRequest:
+                stream: bool, request_id: str, task: TaskRef | None = None) -> UpstreamRequest:
         template = (capability.adapter.get("request") or {}).get("template")
         body = fill(thaw(template), {"input": payload}) if template else payload
         return UpstreamRequest(capability.path or "/", body)
@@ -69,7 +71,11 @@ class HttpProtocol(AgentProtocol):
                          None)
         input_tokens, output_tokens = usage_tokens(
             body.get("usage") if isinstance(body, Mapping) else None)
+        state, message = stated(body)
+        if state is not None and reply is None and message:
+            reply = message
         return AgentResponse(
             reply_content=reply if isinstance(reply, str) else None, output=output,
             raw_meta=meta, input_tokens=input_tokens, output_tokens=output_tokens,
+            state=state,
         )

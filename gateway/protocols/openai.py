@@ -13,6 +13,7 @@ from gateway.protocols.base import (
     bad_response,
     usage_tokens,
 )
+from gateway.tasks import TaskRef
 from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
 
@@ -35,7 +36,7 @@ class OpenAIProtocol(AgentProtocol):
     speaks_chat = True
 
     def request(self, agent: AgentEntry, capability: CapabilityEntry, payload: dict, *,
-                stream: bool, request_id: str) -> UpstreamRequest:
+                stream: bool, request_id: str, task: TaskRef | None = None) -> UpstreamRequest:
         if isinstance(payload.get("messages"), list):
             body = dict(payload)
         else:

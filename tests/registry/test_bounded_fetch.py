@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from reach_core.endpoints import EndpointPolicy, EndpointRefused
+from reach_platform.outbound import FetchFailed, bounded_get
 from registry.cards import MAX_CARD_BYTES, fetch_agent_card
-from registry.probe import PROBE_MAX_BYTES, FetchFailed, bounded_get, probe_one
+from registry.probe import PROBE_MAX_BYTES, probe_one
 from registry.spec import DescriptorError
 from tests import factories
 

@@ -64,7 +64,12 @@ class Command(BaseCommand):
             ]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
-        from reach_platform.scheduler import InProcessScheduler, metering_jobs, registry_jobs
+        from reach_platform.scheduler import (
+            InProcessScheduler,
+            metering_jobs,
+            registry_jobs,
+            task_jobs,
+        )
 
         if not settings.REDIS_URL:
             # Embedded mode: lease sweeps, probes and metering run here; in production
@@ -74,7 +79,7 @@ class Command(BaseCommand):
                                    "plane in one process: unset REACH_SERVE_GATEWAY.")
             from reach_platform.asgi import gateway_application
 
-            jobs |= registry_jobs() | metering_jobs(gateway_application.usage)
+            jobs |= registry_jobs() | metering_jobs(gateway_application.usage) | task_jobs()
         scheduler = InProcessScheduler(jobs)
         scheduler.start()
         try:
