@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import logging
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -90,6 +91,7 @@ def agent_register(
     if problems:
         raise DescriptorError(problems)
 
+    _hold_name(namespace.pk, spec.name)
     agent = (
         Agent.objects.select_for_update().filter(namespace=namespace, name=spec.name).first()
     )
@@ -119,6 +121,19 @@ def agent_register(
     instance = _upsert_instance(agent, endpoint, now) if endpoint else None
     token = agent_token_issue(agent=agent) if acting_agent is None else None
     return Registration(agent=agent, instance=instance, created=created, token=token)
+
+
+def _hold_name(namespace_pk: int, name: str) -> None:
+    """Registrations of one name (in any letter case) one at a time, until this
+    transaction ends. Without it two first registrations race: neither finds a row to lock,
+    and the loser fails on the winner's row (the unique index, or the model's check if the
+    winner committed in between) instead of updating it as a second registration does."""
+    if connection.vendor != "postgresql":
+        return  # SQLite runs one writing transaction at a time anyway
+    digest = hashlib.sha256(f"agent-name:{namespace_pk}:{name.lower()}".encode()).digest()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)",
+                       [int.from_bytes(digest[:8], "big", signed=True)])
 
 
 # Agent fields a descriptor may leave unsaid: then an operator's value stays.
