@@ -128,6 +128,11 @@ class AsyncRequest:
     signing_secret: str = "default"  # noqa: S105  (the name of one, not a secret)
 
 
+@dataclass
+class _Metering:
+    outcome: str = Outcome.SUCCESS
+
+
 class Pipeline:
     def __init__(self, *, config: GatewayConfig, router: Router, caller: Caller,
                  governor: Governor | None, usage: UsageQueue | None,
@@ -157,8 +162,7 @@ class Pipeline:
             tenant_slug=request.table.tenants[request.key.tenant_pk].slug,
             started=time.monotonic(), budget_ms=0, caller_budget_ms=None,
             idempotency_key=None)
-        outcome: str = Outcome.SUCCESS
-        try:
+        async with self._metered(ctx) as metering:
             request.raw = await read_body(request.scope, request.receive,
                                           self.config.max_body_bytes)
             self._read_headers(request, ctx)
@@ -166,49 +170,47 @@ class Pipeline:
             candidate, payload = self._route(request.table, call, ctx)
             if call.asynchronous is not None:
                 return await self._submit(request, call, ctx, candidate)
-            if self.governor is not None:
-                ctx.admission = await self.governor.admit(
-                    request.table, ctx.tenant_pk, candidate,
-                    ceiling=ceiling(candidate, payload), lease_s=self._lease_s(ctx, call))
-            outcome = await self._serve(request, call, ctx, candidate, payload)
-            return outcome
-        except ReachError as error:
-            outcome = error.code
-            raise
-        except asyncio.CancelledError:
-            outcome = Outcome.CLIENT_CANCELLED
-            raise
-        except Exception:
-            outcome = Outcome.INTERNAL_ERROR
-            raise
-        finally:
-            await self._meter(ctx, ctx.admission, outcome)
+            await self._admit(request.table, call, ctx, candidate, payload)
+            metering.outcome = await self._serve(request, call, ctx, candidate, payload)
+            return metering.outcome
 
     async def perform(self, table: RouteTable, call: Call, ctx: CallContext) -> Result:
         """One non-streamed call without an HTTP caller (a task's attempt): route, admit,
         open (the deadline, the one retry), read, meter. Raises ``ReachError``."""
-        outcome: str = Outcome.SUCCESS
-        try:
+        async with self._metered(ctx):
             candidate, payload = self._route(table, call, ctx)
-            if self.governor is not None:
-                ctx.admission = await self.governor.admit(
-                    table, ctx.tenant_pk, candidate, ceiling=ceiling(candidate, payload),
-                    lease_s=self._lease_s(ctx, call))
+            await self._admit(table, call, ctx, candidate, payload)
             route_ms = (time.monotonic() - ctx.started) * 1000
             upstream = await self._open(table, call, candidate, payload, ctx, stream=False)
             reply = await self.caller.read(upstream, ctx)
             return Result(upstream.candidate, reply, ctx, route_ms)
+
+    @contextlib.asynccontextmanager
+    async def _metered(self, ctx: CallContext):
+        """Whatever happens after authentication, the call is metered exactly once with its
+        final outcome (the body sets ``outcome`` when it ends otherwise than in success or
+        an exception), and its budget reservation is settled."""
+        metering = _Metering()
+        try:
+            yield metering
         except ReachError as error:
-            outcome = error.code
+            metering.outcome = error.code
             raise
         except asyncio.CancelledError:
-            outcome = Outcome.CLIENT_CANCELLED
+            metering.outcome = Outcome.CLIENT_CANCELLED
             raise
         except Exception:
-            outcome = Outcome.INTERNAL_ERROR
+            metering.outcome = Outcome.INTERNAL_ERROR
             raise
         finally:
-            await self._meter(ctx, ctx.admission, outcome)
+            await self._meter(ctx, ctx.admission, metering.outcome)
+
+    async def _admit(self, table: RouteTable, call: Call, ctx: CallContext,
+                     candidate: Candidate, payload: dict) -> None:
+        if self.governor is not None:
+            ctx.admission = await self.governor.admit(
+                table, ctx.tenant_pk, candidate, ceiling=ceiling(candidate, payload),
+                lease_s=self._lease_s(ctx, call))
 
     async def _submit(self, request: Request, call: Call, ctx: CallContext,
                       candidate: Candidate) -> str:
@@ -337,9 +339,7 @@ class Pipeline:
         first, ctx.admission = ctx.admission, None
         if first is not None:
             await self.governor.settle(first, Amount())
-        ctx.admission = await self.governor.admit(
-            table, ctx.tenant_pk, candidate, ceiling=ceiling(candidate, payload),
-            lease_s=self._lease_s(ctx, call))
+        await self._admit(table, call, ctx, candidate, payload)
 
     def _may_retry(self, ctx: CallContext, failure: UpstreamFailure) -> bool:
         if len(ctx.attempts) >= 2 or (failure.delivered and not ctx.idempotent):

@@ -42,7 +42,11 @@ class TaskRunner:
     async def attempt(self, claim: TaskClaim) -> TaskOutcome:
         table = self._table()
         tenant = table.tenants.get(claim.tenant_pk)
-        if tenant is None or not tenant.is_active:
+        if tenant is None:  # a tenant newer than this worker's table: it is on its way
+            return TaskOutcome(state=TaskState.FAILED, retry_after_s=2.0, error={
+                "code": "service_unavailable",
+                "message": "this worker's route table does not know the tenant yet"})
+        if not tenant.is_active:
             return TaskOutcome(state=TaskState.FAILED, error={
                 "code": "forbidden", "message": "The task's tenant is not active."})
         try:

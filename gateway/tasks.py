@@ -190,7 +190,9 @@ class TaskDoors:
                         b"event: state\ndata: " + orjson.dumps({"task_id": task_id, **e})
                         + b"\n\n" for e in events)})
                     last_sent = clock()
-                if state in FINAL_TASK_STATES or clock() - started > EVENTS_MAX_S:
+                # None: the task is gone (its tenant was deleted meanwhile).
+                if state is None or state in FINAL_TASK_STATES or \
+                        clock() - started > EVENTS_MAX_S:
                     break
                 if clock() - last_sent >= EVENTS_KEEPALIVE_S:
                     await send({"type": "http.response.body", "body": b": keep-alive\n\n",
