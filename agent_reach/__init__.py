@@ -1,17 +1,41 @@
-"""The Agent-Reach Python SDK: what agents import to register and stay registered.
+"""The Agent-Reach Python SDK, for agents and for callers.
 
-    from agent_reach import ControlPlane
+Agents::
 
-    cp = ControlPlane("http://127.0.0.1:8000", token=REGISTRATION_KEY)
-    reg = cp.register(descriptor)            # dict (JSON descriptor / Agent Card) or YAML text
-    beat = cp.keep_alive(reg, load=lambda: {"cpu": 0.2})   # background heartbeats
-    ...
-    beat.stop(); cp.deregister(reg)
+    from agent_reach import Agent
 
-Plain ``httpx``; no Django. Errors from the platform raise ``ReachError``
-carrying the structured error body.
+    agent = Agent("doc-summary-agent")            # or Agent.from_yaml("capability.yaml")
+
+    @agent.capability("summarize_document")
+    def summarize(input, ctx):
+        return {"summary": input["text"][:200]}
+
+    agent.serve(platform="http://127.0.0.1:8000", key=REGISTRATION_KEY)
+
+Callers::
+
+    from agent_reach import ReachClient
+
+    with ReachClient("http://127.0.0.1:8000", API_KEY) as reach:
+        reach.invoke("summarize_document", input={"text": "..."}, timeout=8)
+
+Plain ``httpx`` and ``aiohttp``; no Django. Refusals raise the typed exceptions of
+``agent_reach.errors`` (``RateLimited``, ``NoCapability``, ``DeadlineExceeded``, ...).
 """
 
-from agent_reach.control import ControlPlane, HeartbeatLoop, ReachError, Registration
+from agent_reach.agent import Agent, Ask, Context, RunningAgent
+from agent_reach.client import AsyncReachClient, Deadline, ReachClient
+from agent_reach.control import ControlPlane, HeartbeatLoop, Registration
+from agent_reach.errors import (
+    DeadlineExceeded,
+    NoCapability,
+    NoHealthyInstance,
+    RateLimited,
+    ReachError,
+)
 
-__all__ = ["ControlPlane", "HeartbeatLoop", "ReachError", "Registration"]
+__all__ = [
+    "Agent", "Ask", "AsyncReachClient", "Context", "ControlPlane", "Deadline",
+    "DeadlineExceeded", "HeartbeatLoop", "NoCapability", "NoHealthyInstance", "RateLimited",
+    "ReachClient", "ReachError", "Registration", "RunningAgent",
+]

@@ -7,16 +7,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from agent_reach.errors import ReachError, error_from
+
 logger = logging.getLogger(__name__)
-
-
-class ReachError(Exception):
-    """The platform refused a call. ``error`` is its ``{"code", "message", ...}`` body."""
-
-    def __init__(self, status: int, error: dict) -> None:
-        self.status = status
-        self.error = error
-        super().__init__(f"{status} {error.get('code')}: {error.get('message')}")
 
 
 @dataclass(frozen=True)
@@ -47,10 +40,10 @@ class ControlPlane:
         response = self._client.request(method, url, **kwargs)
         if response.status_code >= 400:
             try:
-                error = response.json().get("error", {})
+                body = response.json()
             except ValueError:
-                error = {"code": "http_error", "message": response.text[:200]}
-            raise ReachError(response.status_code, error)
+                body = {"error": {"code": "http_error", "message": response.text[:200]}}
+            raise error_from(response.status_code, body, response.headers)
         return response.json() if response.content else {}
 
     def register(self, descriptor: dict | str) -> Registration:
@@ -76,6 +69,10 @@ class ControlPlane:
 
     def heartbeat(self, instance_id: int, **load) -> dict:
         return self._call("POST", f"/api/v1/instances/{instance_id}/heartbeat", json=load)
+
+    def report(self, task_id: str, body: dict) -> dict:
+        """Report on an asynchronous task this agent holds (its agent token)."""
+        return self._call("POST", f"/api/v1/tasks/{task_id}/status", json=body)
 
     def deregister(self, registration: Registration) -> None:
         if registration.instance_id is not None:

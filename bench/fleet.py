@@ -100,7 +100,7 @@ def grow_fleet(tenant, size: int, instances: int, agent_endpoint: str) -> list[t
 
     from reach_core import keys
     from registry.models import Agent, AgentToken, Capability, Instance, Namespace
-    from registry.services import AGENT_TOKEN_MARK
+    from registry.tokens import AGENT_TOKEN_MARK
 
     # The default namespace: the one a call routes in unless it names another.
     namespace, _ = Namespace.objects.get_or_create(name="default")

@@ -42,6 +42,7 @@ from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
 from gateway.pipeline import Pipeline, Request
 from gateway.task_runner import TaskRunner
 from gateway.tasks import EngineSettings, TaskDoors, TaskEngine, task_path
+from gateway.tunnel import TUNNEL_PATH, TunnelHub
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
@@ -88,8 +89,8 @@ class GatewayApp:
                  usage: UsageQueue | None, idempotency=None, idempotency_fail_open=False,
                  background: Sequence[Callable[[], Awaitable[None]]] = (),
                  closers: Sequence[Callable[[], Awaitable[None]]] = (),
-                 tasks: TaskDoors | None = None, engine: EngineSettings | None = None
-                 ) -> None:
+                 tasks: TaskDoors | None = None, engine: EngineSettings | None = None,
+                 tunnels: TunnelHub | None = None) -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
         ``background``: coroutine functions run for the process's lifetime; ``closers``:
         coroutine functions awaited at shutdown (Redis clients); ``tasks``: the
@@ -98,17 +99,21 @@ class GatewayApp:
         ``tasks``' store and this pipeline."""
         self._table = table
         self.tasks = tasks
+        self.tunnels = tunnels
         self.config = config
         self.usage = usage  # the run command's scheduler drains it in embedded mode
         self.breakers = breakers
         self.router = router
         self.caller = Caller(config=config, breakers=breakers, feedback=router.feedback,
-                             credentials=Credentials(config.credential_keys))
+                             credentials=Credentials(config.credential_keys), tunnels=tunnels)
         self.pipeline = Pipeline(config=config, router=router, caller=self.caller,
                                  governor=governor, usage=usage,
                                  idempotency_store=idempotency or MemoryStore(),
                                  idempotency_fail_open=idempotency_fail_open, tasks=tasks)
         jobs = [*background, self.caller.pools.close_idle_forever]
+        if tunnels is not None:
+            jobs.append(tunnels.follow)
+            router.set_tunnel_presence(tunnels.up)
         if governor is not None:
             jobs.append(governor.flush_forever)
         self.engine: TaskEngine | None = None
@@ -152,6 +157,9 @@ class GatewayApp:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "websocket":
+            if self.tunnels is not None and scope.get("path") == TUNNEL_PATH:
+                await self.tunnels.serve(scope, receive, send)
+                return
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": WEBSOCKET_REFUSED})
 

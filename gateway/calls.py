@@ -22,6 +22,7 @@ from gateway.metrics import BAD_RESPONSES, UPSTREAM_LATENCY
 from gateway.protocols import PROTOCOLS, AgentResponse
 from gateway.protocols.base import thaw
 from gateway.tasks import TaskRef
+from gateway.tunnel import TunnelHub
 from gateway.upstream import (
     UpstreamFailure,
     UpstreamPools,
@@ -170,8 +171,10 @@ class Upstream:
 
 class Caller:
     def __init__(self, *, config: GatewayConfig, breakers: CircuitBreakers,
-                 feedback: Feedback, credentials: Credentials) -> None:
+                 feedback: Feedback, credentials: Credentials,
+                 tunnels: TunnelHub | None = None) -> None:
         self.config = config
+        self.tunnels = tunnels  # calls to tunnelled instances go through it
         self.breakers = breakers
         self.feedback = feedback
         self.credentials = credentials
@@ -226,8 +229,11 @@ class Caller:
         query: dict[str, str] = {}
         ssl_context = self.credentials.apply(table, ctx.tenant_pk, agent.pk, headers, query)
         url = upstream_url(instance.endpoint, upstream.path)
-        session = self.pools.session(agent.pk, agent.pool_max_connections,
-                                     agent.pool_idle_seconds)
+        if instance.reach_mode == "tunnel" and self.tunnels is not None:
+            session = self.tunnels.session(instance.pk)
+        else:
+            session = self.pools.session(agent.pk, agent.pool_max_connections,
+                                         agent.pool_idle_seconds)
         try:
             slot = await self.pools.slot(agent.pk, agent.pool_max_connections,
                                          min(self.config.upstream_wait_s, remaining / 1000))

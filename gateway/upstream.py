@@ -38,6 +38,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
+from gateway.tunnel import TunnelDown
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,9 @@ async def reset_before_sent(exc: BaseException, tracker) -> bool:
 
 def translate_error(exc: BaseException) -> UpstreamFailure:
     """An aiohttp / asyncio failure as an ``UpstreamFailure`` (see the module docstring)."""
+    if isinstance(exc, TunnelDown):
+        return UpstreamFailure("upstream_error", f"the agent's tunnel is down ({exc})",
+                               delivered=False)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return UpstreamFailure("upstream_error", f"cannot connect to the agent ({exc.os_error})",
                                delivered=False)

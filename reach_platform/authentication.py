@@ -5,7 +5,7 @@ from rest_framework import authentication, exceptions
 
 from reach_core.errors import ReachError
 from reach_platform import auth_throttle
-from registry.services import agent_token_authenticate
+from registry.tokens import agent_token_authenticate
 from tenants.principal import principal_for_agent_token, principal_for_api_key
 from tenants.services import api_key_authenticate
 

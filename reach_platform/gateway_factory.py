@@ -28,6 +28,7 @@ from gateway.idempotency import MemoryStore, RedisStore
 from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
 from gateway.metrics import LIMITS_DEGRADED
 from gateway.tasks import EngineSettings, TaskDoors
+from gateway.tunnel import RedisDirectory, TunnelHub
 from gateway.usage import UsageQueue, ship_to_redis
 from reach_platform.endpoints import endpoint_policy
 from routing.router import IntentIndexHolder, Router
@@ -79,7 +80,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
         return GatewayApp(table=table, router=router, config=gateway_config(),
                           breakers=circuit_breakers(), governor=governor if governed else None,
                           usage=usage, idempotency=MemoryStore(), tasks=tasks,
-                          engine=engine_settings(None) if run_tasks else None)
+                          engine=engine_settings(None) if run_tasks else None,
+                          tunnels=TunnelHub(table=table, authenticate=agent_of_token))
 
     prefix = settings.REDIS_KEY_PREFIX
     client = redis_client(settings.REDIS_URL)
@@ -107,7 +109,40 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                       idempotency_fail_open=settings.IDEMPOTENCY_FAIL_OPEN,
                       background=background, closers=[client.aclose], tasks=tasks,
                       engine=engine_settings(lambda: wakeups(client, channel))
-                      if run_tasks else None)
+                      if run_tasks else None,
+                      tunnels=TunnelHub(table=table, authenticate=agent_of_token,
+                                        directory=RedisDirectory(client, prefix),
+                                        relay=channel_layer()))
+
+
+def channel_layer():
+    """The channel layer (channels-redis with ``REDIS_URL``): calls for a tunnel held by
+    another gateway process are relayed through it."""
+    from channels.layers import get_channel_layer
+
+    return get_channel_layer()
+
+
+async def agent_of_token(token: str) -> int | None:
+    """The agent an agent token stands for (None when refused): asked of the database,
+    once per tunnel connection, never per call."""
+    from django.db import close_old_connections
+
+    from registry.tokens import agent_token_authenticate
+
+    def authenticate():
+        close_old_connections()
+        try:
+            found = agent_token_authenticate(plaintext=token)
+        finally:
+            close_old_connections()
+        return None if isinstance(found, str) else found.agent_id
+
+    try:
+        return await asyncio.to_thread(authenticate)
+    except Exception as exc:  # the database away: the agent tries again later
+        logger.warning("tunnel: could not check an agent token (%s)", type(exc).__name__)
+        return None
 
 
 def engine_settings(wakeups) -> EngineSettings:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import unicodedata
 from decimal import Decimal
 
@@ -233,8 +234,9 @@ class Instance(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="instances")
     # A CharField, not URLField: the form field of URLField guesses a scheme.
     endpoint = models.CharField(
-        max_length=500, validators=[URLValidator(schemes=["http", "https"])],
-        help_text="Base URL of this instance, e.g. http://10.0.0.5:8080/",
+        max_length=500,
+        help_text="Base URL of this instance, e.g. http://10.0.0.5:8080/ (a tunnelled "
+                  "instance: tunnel://<its instance key>)",
     )
     reach_mode = models.CharField(max_length=16, choices=ReachMode, default=ReachMode.DIRECT)
     state = models.CharField(max_length=16, choices=InstanceState, default=InstanceState.HEALTHY)
@@ -271,6 +273,18 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent.name} @ {self.endpoint}"
+
+    def clean(self) -> None:
+        super().clean()
+        if self.reach_mode == ReachMode.TUNNEL:
+            if not TUNNEL_ENDPOINT.fullmatch(self.endpoint or ""):
+                raise ValidationError({"endpoint": "A tunnelled instance's endpoint is "
+                                                   "tunnel://<instance key>."})
+        else:
+            URLValidator(schemes=["http", "https"])(self.endpoint)
+
+
+TUNNEL_ENDPOINT = re.compile(r"tunnel://[A-Za-z0-9_-]{8,64}")
 
 
 class AgentToken(models.Model):

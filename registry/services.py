@@ -13,27 +13,25 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from reach_core import keys
 from reach_core.endpoints import EndpointRefused, check_registration
 from reach_platform.endpoints import endpoint_policy
 from registry import health, heartbeats, routes
-from registry.choices import InstanceState
+from registry.choices import InstanceState, ReachMode
 from registry.descriptors import normalise_params
 from registry.models import (
     Agent,
-    AgentToken,
     Capability,
     Instance,
     Namespace,
     ParameterSynonym,
 )
 from registry.spec import AgentSpec, CapabilitySpec, CredentialSpec, DescriptorError
+from registry.tokens import agent_token_issue
 from routing.table import LoadReport
 from tenants.models import Credential, Tenant
 
 logger = logging.getLogger(__name__)
 
-AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (a prefix, not a secret)
 # A deregistered instance keeps draining this long before its row goes, so
 # calls already routed to it can finish.
 DRAIN_GRACE = dt.timedelta(seconds=30)
@@ -73,7 +71,9 @@ def agent_register(
     now = now or timezone.now()
     problems: dict[str, list[str]] = {}
     endpoint = None
-    if spec.endpoint:
+    if spec.reach_mode == ReachMode.TUNNEL:
+        endpoint = f"tunnel://{spec.instance_key}"
+    elif spec.endpoint:
         try:
             endpoint = check_registration(spec.endpoint, endpoint_policy())
         except EndpointRefused as exc:
@@ -118,7 +118,8 @@ def agent_register(
     _sync_capabilities(agent, spec)
     if spec.credential is not None:
         _upsert_credential(agent, spec.credential)
-    instance = _upsert_instance(agent, endpoint, now) if endpoint else None
+    instance = _upsert_instance(agent, endpoint, now, reach_mode=spec.reach_mode) \
+        if endpoint else None
     token = agent_token_issue(agent=agent) if acting_agent is None else None
     return Registration(agent=agent, instance=instance, created=created, token=token)
 
@@ -187,11 +188,13 @@ def _sync_capabilities(agent: Agent, spec: AgentSpec) -> None:
             row.delete()
 
 
-def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime) -> Instance:
+def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime, *,
+                     reach_mode: str = ReachMode.DIRECT) -> Instance:
     instance = Instance.objects.filter(agent=agent, endpoint=endpoint).first()
     ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
     if instance is None:
-        instance = Instance(agent=agent, endpoint=endpoint, state_changed_at=now)
+        instance = Instance(agent=agent, endpoint=endpoint, state_changed_at=now,
+                            reach_mode=reach_mode)
     elif instance.state == InstanceState.DRAINING and instance.remove_at is not None:
         # Deregistered, and registered again (a restart at the same endpoint): the agent
         # left and is back. An operator's drain (no remove_at) stays until lifted.
@@ -219,32 +222,6 @@ def _set_liveness(instance: Instance, liveness: health.Liveness) -> None:
     instance.state_changed_at = liveness.state_changed_at
     instance.flaps = liveness.flaps
     instance.last_flap_at = liveness.last_flap_at
-
-
-# ---- agent tokens -----------------------------------------------------------------------
-
-
-def agent_token_issue(*, agent: Agent) -> str:
-    plaintext, prefix, key_hash = keys.generate(AGENT_TOKEN_MARK)
-    AgentToken.objects.create(agent=agent, prefix=prefix, key_hash=key_hash)
-    return plaintext
-
-
-def agent_token_authenticate(*, plaintext: str) -> AgentToken | str:
-    """The token for ``plaintext``, or the reason it is refused."""
-    prefix = keys.prefix_of(plaintext, AGENT_TOKEN_MARK)
-    if prefix is None:
-        return "Agent token is malformed."
-    token = (
-        AgentToken.objects.select_related("agent__owner_tenant").filter(prefix=prefix).first()
-    )
-    if token is None or not keys.matches(plaintext, token.key_hash):
-        return "Agent token is not known."
-    if token.revoked_at is not None:
-        return "Agent token has been revoked."
-    if not token.agent.owner_tenant.is_active:
-        return "The agent's tenant is disabled."
-    return token
 
 
 # ---- heartbeats and leases -------------------------------------------------------------

@@ -80,6 +80,10 @@ class AgentSpec:
     capabilities: tuple[CapabilitySpec, ...] = ()
     # Where the first instance answers; None when the descriptor names no endpoint.
     endpoint: str | None = None
+    # "tunnel": the instance holds a reverse tunnel to a gateway instead of listening;
+    # ``instance_key`` (the agent's choice, one per running process) names it.
+    reach_mode: str = "direct"
+    instance_key: str | None = None
     weight: int | None = None
     priority: int | None = None
     internal_only: bool | None = None

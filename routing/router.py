@@ -432,6 +432,7 @@ class Router:
         self.feedback = feedback or Feedback()
         self._clock = clock or time.time
         self._open_breakers = open_breakers or (lambda: ())
+        self._tunnel_up: Callable[[int], bool] = lambda instance_pk: False
         self._index = index or (lambda: None)
         self.balancer = SmoothWeightedRoundRobin()
         self._prepared_for = None
@@ -442,6 +443,11 @@ class Router:
 
     def set_open_breakers(self, open_breakers: Callable[[], Iterable[int]]) -> None:
         self._open_breakers = open_breakers
+
+    def set_tunnel_presence(self, tunnel_up: Callable[[int], bool]) -> None:
+        """Whether a tunnelled instance's tunnel is held by some gateway now: only then is
+        it routable."""
+        self._tunnel_up = tunnel_up
 
     # -- candidates of one capability id, cached per table
     def _rows(self, table: RouteTable, capability_id: str) -> _Prepared:
@@ -537,6 +543,9 @@ class Router:
                 reason = lease_reason(row.instance, now)
             if reason is None and row.instance.pk in open_breakers:
                 reason = ("circuit_open", "")
+            if reason is None and row.instance.reach_mode == "tunnel" and \
+                    not self._tunnel_up(row.instance.pk):
+                reason = ("tunnel_down", "no gateway holds the instance's tunnel now")
             if reason is None:
                 kept.append(row)
             elif explain and (reason[0] not in _INVISIBLE or visible_to(

@@ -80,6 +80,8 @@ def parse_json_descriptor(data: object) -> AgentSpec:
         "team": data.get("team"),
         **_reached(reach, "reach", problems),
         "endpoint": endpoint,
+        "reach_mode": reach.get("mode"),
+        "instance_key": reach.get("instance"),
         "weight": reach.get("weight"),
         "priority": reach.get("priority"),
         "lease_ttl_seconds": ttl,
@@ -198,6 +200,8 @@ def parse_capability_yaml(text: str) -> AgentSpec:
         "namespace": data.get("namespace"),
         "team": _obj(data.get("metadata")).get("owner_team"),
         "endpoint": data.get("endpoint"),
+        "reach_mode": _obj(data.get("reach")).get("mode"),
+        "instance_key": _obj(data.get("reach")).get("instance"),
         "lease_ttl_seconds": ttl,
         "heartbeat_interval_seconds": interval,
         "source_format": "yaml",
@@ -369,6 +373,10 @@ def _lone_required(schema: object) -> bool:
 def _finish(agent: dict[str, Any], caps: list[_RawCapability], problems: Problems,
             document: dict[str, Any]) -> AgentSpec:
     """Run the cross-capability checks, then build the spec if nothing is wrong."""
+    if agent.get("reach_mode") == "tunnel":
+        if not agent.get("instance_key"):
+            _add(problems, "reach.instance", "a tunnelled agent names its instance key")
+        agent["endpoint"] = None  # reached through the tunnel, whatever else is said
     seen: dict[str, str] = {}
     for id_path, fields, checks in caps:
         cap_id = fields["capability_id"]

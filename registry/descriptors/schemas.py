@@ -84,6 +84,11 @@ _DEFS: dict[str, Any] = {
     "display_name": {"type": "string", "maxLength": 200},
     "namespace": {"type": "string", "pattern": NAMESPACE_PATTERN},
     "url": {"type": "string", "maxLength": 500, "pattern": URL_PATTERN},
+    # Reached through a reverse tunnel the agent holds to a gateway: no endpoint, and an
+    # instance key of the agent's choosing (one per running process).
+    "tunnel": _closed({"mode": {"const": "tunnel"},
+                       "instance": {"type": "string", "pattern": "^[A-Za-z0-9_-]{8,64}$"}},
+                      required=["mode", "instance"]),
     "protocol": {"enum": ["openai", "http", "a2a", *PROTOCOL_ALIASES]},
     "kind": {"enum": ["sync", "stream", "async"]},
     "path": {"type": "string", "maxLength": 500, "pattern": PATH_PATTERN},
@@ -217,6 +222,8 @@ JSON_DESCRIPTOR_SCHEMA: dict[str, Any] = _document(
             "capabilities": {"type": "array", "minItems": 1, "items": _JSON_CAPABILITY},
             "reach": _closed({
                 **_REACH_BLOCK,
+                "mode": {"enum": ["direct", "tunnel"]},
+                "instance": {"type": "string", "pattern": "^[A-Za-z0-9_-]{8,64}$"},
                 "use_tls": {"type": "boolean"},
                 "weight": _ref("routing/properties/weight"),
                 "priority": _ref("routing/properties/priority"),
@@ -267,6 +274,7 @@ CAPABILITY_YAML_SCHEMA: dict[str, Any] = _document(
             "description": _STRING,
             "namespace": _ref("namespace"),
             "endpoint": _ref("url"),
+            "reach": _ref("tunnel"),
             "liveness": _ref("liveness"),
             "capabilities": {
                 "type": "array",

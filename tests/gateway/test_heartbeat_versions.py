@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 
 from registry.models import Agent, Instance
-from registry.services import agent_token_issue
 from registry.snapshot import current_version
+from registry.tokens import agent_token_issue
 from tenants.choices import ApiKeyScope
 from tests import factories
 from tests.gateway.conftest import wait_for_table

@@ -15,7 +15,7 @@ from django.db import utils as db_utils
 from django.test import RequestFactory
 
 from reach_platform import errors
-from registry.services import agent_token_issue
+from registry.tokens import agent_token_issue
 from tests import factories
 from tests.support.forwarder import Forwarder
 from tests.support.servers import free_port, platform_env, running, uvicorn_args

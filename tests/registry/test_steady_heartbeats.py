@@ -23,8 +23,9 @@ from registry import heartbeats, routes
 from registry.api.serializers import HeartbeatSerializer
 from registry.choices import InstanceState
 from registry.models import AgentToken, Instance
-from registry.services import agent_token_issue, instance_drain, instances_sweep
+from registry.services import instance_drain, instances_sweep
 from registry.snapshot import current_version
+from registry.tokens import agent_token_issue
 from tests import factories
 from tests.support.clock import FakeClock
 

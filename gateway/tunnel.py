@@ -1,0 +1,585 @@
+"""Reverse tunnels: agents behind NAT hold a WebSocket to a gateway, and calls come to them
+through it.
+
+An agent (``reach: tunnel``) opens ``GET /v1/tunnel`` with its agent token
+(``Authorization: Bearer``) and its instance id (``X-Reach-Instance``) and listens on no
+port. The gateway sends each call as frames over that socket and reads the answer back,
+several calls at once, told apart by a stream id. Frames are JSON text messages:
+
+    gateway -> agent  {"t": "req", "id", "method", "path", "headers", "body"}
+                      {"t": "credit", "id", "bytes"}       more of a stream may come
+                      {"t": "cancel", "id"}                the caller went away
+                      {"t": "ping"} / {"t": "pong"}
+    agent -> gateway  {"t": "head", "id", "status", "headers"}
+                      {"t": "data", "id", "data"}          part of the body (text)
+                      {"t": "end", "id"} / {"t": "error", "id", "message"}
+                      {"t": "ping"} / {"t": "pong"}
+
+Flow control: the agent may have at most ``WINDOW`` bytes of a stream's body in flight;
+the gateway grants more (``credit``) as it hands them on. A frame over ``MAX_FRAME`` bytes
+closes the socket with 1009. The gateway pings every ``PING_S`` (20 s) and drops a peer that
+does not answer within ``PONG_TIMEOUT_S`` (5 s), failing its calls at once.
+
+Several gateway processes: the one holding a tunnel records it (``TunnelDirectory``, in
+Redis); a call that lands on another is relayed to the holder through the channel layer
+(channels-redis), request and answer frames alike. An instance whose tunnel no gateway
+holds is not routable (``TunnelHub.up``, the router's presence check).
+
+To the caller an upstream over a tunnel is the same as a direct one: ``TunnelSession``
+answers ``post`` with a response the call pipeline reads or relays as it reads aiohttp's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from routing.table import RouteTable
+
+logger = logging.getLogger(__name__)
+
+TUNNEL_PATH = "/v1/tunnel"
+MAX_FRAME = 4 * 1024 * 1024
+WINDOW = 256 * 1024
+PING_S = 20.0
+PONG_TIMEOUT_S = 5.0
+DIRECTORY_TTL_S = 30.0
+# Close codes (4000-4999 are the application's).
+CLOSE_TOO_BIG = 1009
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_REPLACED = 4409
+CLOSE_UNAVAILABLE = 1013  # try again later
+
+
+class TunnelDown(aiohttp.ClientConnectionError):
+    """No gateway holds the instance's tunnel: the call was never sent."""
+
+
+_spawned: set[asyncio.Future] = set()
+
+
+def spawn(coro) -> asyncio.Future:
+    """Run ``coro`` on its own, kept referenced until done, its failure swallowed (frames
+    to a socket that closed meanwhile)."""
+    task = asyncio.ensure_future(coro)
+    _spawned.add(task)
+    task.add_done_callback(lambda t: (_spawned.discard(t), t.cancelled() or t.exception()))
+    return task
+
+
+# ---- the answer, as the pipeline reads it -------------------------------------------------
+
+
+class _Content:
+    """The body of a tunnelled answer, read like aiohttp's ``StreamReader``."""
+
+    def __init__(self, response: TunnelResponse) -> None:
+        self._response = response
+
+    async def iter_any(self):
+        while True:
+            chunk = await self._response._next()
+            if chunk is None:
+                return
+            yield chunk
+
+    async def iter_chunked(self, size: int):  # the pipeline reads what comes
+        async for chunk in self.iter_any():
+            yield chunk
+
+
+class TunnelResponse:
+    """An answer coming over a tunnel: status and headers first, the body as it comes.
+    ``timeout``: the whole answer (a plain call); ``idle``: the longest gap between parts
+    (a stream)."""
+
+    def __init__(self, stream: _Stream, *, deadline: float | None, idle: float | None) -> None:
+        self._stream = stream
+        self._deadline = deadline
+        self._idle = idle
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.content = _Content(self)
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "application/octet-stream").split(";")[0].strip()
+
+    @property
+    def content_length(self) -> int | None:
+        raw = self.headers.get("content-length")
+        return int(raw) if raw and raw.isdigit() else None
+
+    def _wait_s(self) -> float | None:
+        limits = [x for x in (self._idle, None if self._deadline is None
+                              else self._deadline - time.monotonic()) if x is not None]
+        return max(0.0, min(limits)) if limits else None
+
+    async def _head(self) -> None:
+        head = await asyncio.wait_for(self._stream.head, self._wait_s())
+        self.status = int(head["status"])
+        self.headers = {str(k).lower(): str(v) for k, v in (head.get("headers") or {}).items()}
+
+    async def _next(self) -> bytes | None:
+        event = await asyncio.wait_for(self._stream.parts.get(), self._wait_s())
+        if isinstance(event, BaseException):
+            raise event
+        if event is not None:
+            self._stream.consumed(len(event))
+        return event
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.content.iter_any()])
+
+    def release(self) -> None:
+        self._stream.close()
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class _Stream:
+    """One call over a tunnel (local or relayed): its head, its body parts, its credit."""
+
+    def __init__(self, on_close: Callable[[], None], grant: Callable[[int], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.head: asyncio.Future = loop.create_future()
+        self.parts: asyncio.Queue = asyncio.Queue()
+        self._on_close = on_close
+        self._grant = grant
+        self._pending_credit = 0
+        self.closed = False
+
+    def feed_head(self, frame: dict) -> None:
+        if not self.head.done():
+            self.head.set_result(frame)
+
+    def feed(self, data: bytes) -> None:
+        self.parts.put_nowait(data)
+
+    def end(self) -> None:
+        self.parts.put_nowait(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.head.done():
+            self.head.set_exception(exc)
+        self.parts.put_nowait(exc)
+
+    def consumed(self, size: int) -> None:
+        # Credit in batches (a quarter window), not a frame per part.
+        self._pending_credit += size
+        if self._pending_credit >= WINDOW // 4:
+            self._grant(self._pending_credit)
+            self._pending_credit = 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._on_close()
+
+
+# ---- one agent's tunnel, held by this process ---------------------------------------------
+
+
+class TunnelConnection:
+    def __init__(self, instance_pk: int, send: Callable[[dict], Awaitable[None]]) -> None:
+        self.instance_pk = instance_pk
+        self._send = send
+        self._ids = itertools.count(1)
+        self.streams: dict[int, _Stream] = {}
+        self.closed = False
+        self.last_pong = time.monotonic()
+
+    async def request(self, method: str, path: str, headers: dict, body: bytes,
+                      stream: _Stream | None = None) -> tuple[int, _Stream]:
+        if self.closed:
+            raise TunnelDown("the tunnel closed")
+        sid = next(self._ids)
+        if stream is None:
+            stream = _Stream(on_close=lambda: self._forget(sid),
+                             grant=lambda n: spawn(self._frame(
+                                 {"t": "credit", "id": sid, "bytes": n})))
+        self.streams[sid] = stream
+        await self._frame({"t": "req", "id": sid, "method": method, "path": path,
+                           "headers": headers, "body": body.decode("utf-8", "replace")})
+        return sid, stream
+
+    def _forget(self, sid: int) -> None:
+        stream = self.streams.pop(sid, None)
+        if stream is not None and not self.closed:
+            spawn(self._frame({"t": "cancel", "id": sid}))
+
+    async def _frame(self, frame: dict) -> None:
+        await self._send(frame)
+
+    def on_frame(self, frame: dict) -> None:
+        kind = frame.get("t")
+        if kind == "ping":
+            spawn(self._frame({"t": "pong"}))
+            return
+        if kind == "pong":
+            self.last_pong = time.monotonic()
+            return
+        stream = self.streams.get(frame.get("id"))
+        if stream is None:
+            return  # a stream already given up (the caller left)
+        if kind == "head":
+            stream.feed_head(frame)
+        elif kind == "data":
+            stream.feed(str(frame.get("data", "")).encode())
+        elif kind == "end":
+            stream.end()
+            self.streams.pop(frame["id"], None)
+        elif kind == "error":
+            stream.fail(aiohttp.ServerDisconnectedError(
+                f"the agent failed the call: {str(frame.get('message'))[:200]}"))
+            self.streams.pop(frame["id"], None)
+
+    def lost(self) -> None:
+        """The socket is gone: every call on it fails now (delivered: the agent had it)."""
+        self.closed = True
+        streams, self.streams = list(self.streams.values()), {}
+        for stream in streams:
+            stream.fail(aiohttp.ServerDisconnectedError("the agent's tunnel closed"))
+
+
+# ---- where tunnels are held ---------------------------------------------------------------
+
+
+class LocalDirectory:
+    """One process: the tunnels it holds are all there are (the embedded mode)."""
+
+    async def claim(self, instance_pk: int, holder: str) -> None:
+        return None
+
+    async def release(self, instance_pk: int, holder: str) -> None:
+        return None
+
+    async def holder(self, instance_pk: int) -> str | None:
+        return None
+
+    async def present(self) -> set[int]:
+        return set()
+
+
+class RedisDirectory:
+    """``<prefix>tunnel:<instance>`` -> the holding process's relay channel, with a TTL the
+    holder renews; ``present`` lists every held tunnel (for routing)."""
+
+    def __init__(self, client, prefix: str) -> None:
+        self._client = client
+        self._prefix = f"{prefix}tunnel:"
+
+    async def claim(self, instance_pk: int, holder: str) -> None:
+        await self._client.set(f"{self._prefix}{instance_pk}", holder,
+                               ex=int(DIRECTORY_TTL_S))
+
+    async def release(self, instance_pk: int, holder: str) -> None:
+        key = f"{self._prefix}{instance_pk}"
+        if (await self._client.get(key) or b"").decode() == holder:
+            await self._client.delete(key)
+
+    async def holder(self, instance_pk: int) -> str | None:
+        value = await self._client.get(f"{self._prefix}{instance_pk}")
+        return value.decode() if value else None
+
+    async def present(self) -> set[int]:
+        found = set()
+        async for key in self._client.scan_iter(match=f"{self._prefix}*", count=1000):
+            tail = key.decode().rsplit(":", 1)[1]
+            if tail.isdigit():
+                found.add(int(tail))
+        return found
+
+
+# ---- the hub: this process's tunnels, and calls to any tunnel -----------------------------
+
+
+class TunnelHub:
+    """Serves ``/v1/tunnel`` and carries calls to tunnelled instances, wherever their
+    tunnel is held. ``authenticate(token)`` gives the agent pk of an agent token (or None);
+    ``relay`` is a channel layer (``new_channel``, ``send``, ``receive``) when several
+    processes share the tunnels, None in one process."""
+
+    def __init__(self, *, table: Callable[[], RouteTable],
+                 authenticate: Callable[[str], Awaitable[int | None]],
+                 directory=None, relay=None) -> None:
+        self._table = table
+        self._authenticate = authenticate
+        self.directory = directory or LocalDirectory()
+        self._relay = relay
+        self.channel: str | None = None  # this process's relay inbox
+        self.local: dict[int, TunnelConnection] = {}
+        self._present: set[int] = set()
+
+    # -- presence (routing)
+
+    def up(self, instance_pk: int) -> bool:
+        return instance_pk in self.local or instance_pk in self._present
+
+    async def follow(self) -> None:
+        """Background job: keep the directory's records of this process's tunnels alive,
+        learn the others' (every few seconds), and serve relayed calls."""
+        jobs = [asyncio.ensure_future(self._refresh_forever())]
+        if self._relay is not None:
+            self.channel = await self._relay.new_channel("tunnel.")
+            jobs.append(asyncio.ensure_future(self._serve_relayed()))
+        try:
+            await asyncio.gather(*jobs)
+        finally:
+            for job in jobs:
+                job.cancel()
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            try:
+                for pk in list(self.local):
+                    await self.directory.claim(pk, self._holder())
+                self._present = await self.directory.present()
+            except Exception as exc:  # Redis away: local tunnels still serve
+                logger.warning("tunnel directory refresh failed (%s)", type(exc).__name__)
+            await asyncio.sleep(min(5.0, DIRECTORY_TTL_S / 3))
+
+    def _holder(self) -> str:
+        return self.channel or "local"
+
+    # -- the WebSocket
+
+    async def serve(self, scope, receive, send) -> None:
+        """ASGI ``websocket`` for ``/v1/tunnel``."""
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        token = headers.get("authorization", "").partition(" ")[2].strip()
+        raw_instance = headers.get("x-reach-instance", "")
+        agent_pk = await self._authenticate(token) if token else None
+        if agent_pk is None:
+            await send({"type": "websocket.close", "code": CLOSE_UNAUTHORIZED})
+            return
+        instance_pk = int(raw_instance) if raw_instance.isdigit() else None
+        if instance_pk is None or not await self._owns(agent_pk, instance_pk):
+            await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
+            return
+        await send({"type": "websocket.accept"})
+        lock = asyncio.Lock()
+
+        async def send_frame(frame: dict) -> None:
+            async with lock:
+                await send({"type": "websocket.send", "text": orjson.dumps(frame).decode()})
+
+        connection = TunnelConnection(instance_pk, send_frame)
+        previous = self.local.get(instance_pk)
+        if previous is not None:
+            previous.lost()  # the agent reconnected: the newer socket wins
+        self.local[instance_pk] = connection
+        with contextlib.suppress(Exception):
+            await self.directory.claim(instance_pk, self._holder())
+        pinging = asyncio.ensure_future(self._ping(connection, send_frame, send))
+        logger.info("tunnel up: instance %s", instance_pk)
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                text = message.get("text")
+                raw = text.encode() if text is not None else message.get("bytes") or b""
+                if len(raw) > MAX_FRAME:
+                    await send({"type": "websocket.close", "code": CLOSE_TOO_BIG})
+                    return
+                try:
+                    frame = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(frame, dict):
+                    connection.on_frame(frame)
+        finally:
+            pinging.cancel()
+            connection.lost()
+            if self.local.get(instance_pk) is connection:
+                del self.local[instance_pk]
+                with contextlib.suppress(Exception):
+                    await self.directory.release(instance_pk, self._holder())
+            logger.info("tunnel down: instance %s", instance_pk)
+
+    async def _owns(self, agent_pk: int, instance_pk: int) -> bool:
+        # A registration a moment ago may not have reached this process's table yet.
+        for _ in range(20):
+            agent = self._table().agents.get(agent_pk)
+            if agent is not None and any(i.pk == instance_pk and i.reach_mode == "tunnel"
+                                         for i in agent.instances):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _ping(self, connection: TunnelConnection, send_frame, send) -> None:
+        while not connection.closed:
+            await asyncio.sleep(PING_S)
+            asked = time.monotonic()
+            with contextlib.suppress(Exception):
+                await send_frame({"t": "ping"})
+            await asyncio.sleep(PONG_TIMEOUT_S)
+            if connection.last_pong < asked:
+                logger.warning("tunnel of instance %s: no pong in %.0f s; closing",
+                               connection.instance_pk, PONG_TIMEOUT_S)
+                connection.lost()
+                with contextlib.suppress(Exception):
+                    await send({"type": "websocket.close", "code": 1011})
+                return
+
+    # -- calls
+
+    def session(self, instance_pk: int) -> TunnelSession:
+        return TunnelSession(self, instance_pk)
+
+    async def open(self, instance_pk: int, method: str, path: str, headers: dict,
+                   body: bytes) -> _Stream:
+        """Send a call to the instance's tunnel, here or where it is held."""
+        local = self.local.get(instance_pk)
+        if local is not None:
+            _, stream = await local.request(method, path, headers, body)
+            return stream
+        holder = None
+        if self._relay is not None:
+            with contextlib.suppress(Exception):
+                holder = await self.directory.holder(instance_pk)
+        if not holder or holder == self.channel:
+            raise TunnelDown("no gateway holds this instance's tunnel")
+        return await self._relayed(holder, instance_pk, method, path, headers, body)
+
+    async def _relayed(self, holder: str, instance_pk: int, method: str, path: str,
+                       headers: dict, body: bytes) -> _Stream:
+        reply = await self._relay.new_channel("tunnel.reply.")
+        call = uuid.uuid4().hex
+        closed = False
+
+        def on_close() -> None:
+            nonlocal closed
+            closed = True
+            spawn(self._relay.send(holder, {"type": "tunnel.cancel", "call": call}))
+
+        stream = _Stream(on_close=on_close, grant=lambda n: None)
+        await self._relay.send(holder, {
+            "type": "tunnel.request", "call": call, "reply": reply, "instance": instance_pk,
+            "method": method, "path": path, "headers": headers, "body": body})
+
+        async def pump() -> None:
+            try:
+                while not closed:
+                    message = await self._relay.receive(reply)
+                    kind = message.get("type")
+                    if kind == "tunnel.head":
+                        stream.feed_head(message)
+                    elif kind == "tunnel.data":
+                        stream.feed(message["data"])
+                    elif kind == "tunnel.end":
+                        stream.end()
+                        return
+                    elif kind == "tunnel.error":
+                        stream.fail(aiohttp.ServerDisconnectedError(message.get("message")))
+                        return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                stream.fail(aiohttp.ServerDisconnectedError(f"relay failed ({exc})"))
+
+        spawn(pump())
+        return stream
+
+    async def _serve_relayed(self) -> None:
+        """Calls other processes relay to the tunnels held here."""
+        calls: dict[str, _Stream] = {}
+        while True:
+            message = await self._relay.receive(self.channel)
+            if message.get("type") == "tunnel.cancel":
+                stream = calls.pop(message.get("call"), None)
+                if stream is not None:
+                    stream.close()
+            elif message.get("type") == "tunnel.request":
+                spawn(self._answer_relayed(message, calls))
+
+    async def _send_relayed(self, channel: str, message: dict) -> None:
+        # A reader slower than the agent fills its channel (100 messages): wait for room
+        # rather than drop a part of the answer.
+        for _ in range(100):
+            try:
+                await self._relay.send(channel, message)
+                return
+            except Exception as exc:
+                if type(exc).__name__ != "ChannelFull":
+                    raise
+                await asyncio.sleep(0.05)
+        raise TimeoutError("the relayed call's reader stopped reading")
+
+    async def _answer_relayed(self, message: dict, calls: dict) -> None:
+        reply, call = message["reply"], message["call"]
+        local = self.local.get(message["instance"])
+        if local is None:
+            await self._relay.send(reply, {"type": "tunnel.error",
+                                           "message": "the tunnel moved or closed"})
+            return
+        try:
+            _, stream = await local.request(message["method"], message["path"],
+                                            message["headers"], message["body"])
+            calls[call] = stream
+            head = await stream.head
+            await self._relay.send(reply, {"type": "tunnel.head", "status": head["status"],
+                                           "headers": head.get("headers") or {}})
+            while True:
+                part = await stream.parts.get()
+                if isinstance(part, BaseException):
+                    raise part
+                if part is None:
+                    await self._relay.send(reply, {"type": "tunnel.end"})
+                    return
+                stream.consumed(len(part))
+                await self._send_relayed(reply, {"type": "tunnel.data", "data": part})
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await self._relay.send(reply, {"type": "tunnel.error",
+                                               "message": str(exc)[:200]})
+        finally:
+            stream = calls.pop(call, None)
+            if stream is not None:
+                stream.close()
+
+
+class TunnelSession:
+    """``post`` as ``aiohttp.ClientSession`` answers it, over a tunnel."""
+
+    def __init__(self, hub: TunnelHub, instance_pk: int) -> None:
+        self._hub = hub
+        self._instance_pk = instance_pk
+        self.closed = False
+
+    async def post(self, url: str, *, data: bytes, headers: dict, params=None,
+                   timeout: aiohttp.ClientTimeout | None = None, **_: Any) -> TunnelResponse:
+        path = url.split("://", 1)[-1].partition("/")[2]
+        path = "/" + path
+        if params:
+            from urllib.parse import urlencode
+
+            path += ("&" if "?" in path else "?") + urlencode(params)
+        total = timeout.total if timeout is not None else None
+        idle = timeout.sock_read if timeout is not None else None
+        deadline = time.monotonic() + total if total else None
+        stream = await self._hub.open(self._instance_pk, "POST", path, dict(headers),
+                                      data)
+        response = TunnelResponse(stream, deadline=deadline, idle=idle)
+        try:
+            await response._head()
+        except BaseException:
+            stream.close()
+            raise
+        return response
