@@ -367,7 +367,7 @@ class RunningAgent:
         app = web.Application(client_max_size=32 * 1024 * 1024)
         for capability in self.agent.capabilities.values():
             app.router.add_post(capability.path, self._handler(capability))
-        app.router.add_get("/healthz", lambda request: web.json_response({"ok": True}))
+        app.router.add_get("/healthz", _healthz)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         loop.run_until_complete(runner.setup())
         if self.reach == "tunnel":
@@ -500,6 +500,10 @@ class RunningAgent:
                 logger.exception("reporting task %s failed", ctx.task_id)
 
         self._loop.create_task(run())
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
 
 
 def _context(request: web.Request, capability_id: str, agent: Agent) -> Context:

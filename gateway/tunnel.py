@@ -53,6 +53,7 @@ WINDOW = 256 * 1024
 PING_S = 20.0
 PONG_TIMEOUT_S = 5.0
 DIRECTORY_TTL_S = 30.0
+PRESENCE_S = 1.0  # how often a gateway learns which tunnels the others hold
 # Close codes (4000-4999 are the application's).
 CLOSE_TOO_BIG = 1009
 CLOSE_UNAUTHORIZED = 4401
@@ -274,32 +275,36 @@ class LocalDirectory:
 
 class RedisDirectory:
     """``<prefix>tunnel:<instance>`` -> the holding process's relay channel, with a TTL the
-    holder renews; ``present`` lists every held tunnel (for routing)."""
+    holder renews; and ``<prefix>tunnels``, every held tunnel scored by when its record
+    lapses, so that ``present`` (asked every second by every gateway, for routing) is one
+    range read however many keys Redis holds."""
 
-    def __init__(self, client, prefix: str) -> None:
+    def __init__(self, client, prefix: str, clock: Callable[[], float] = time.time) -> None:
         self._client = client
         self._prefix = f"{prefix}tunnel:"
+        self._all = f"{prefix}tunnels"
+        self._clock = clock
 
     async def claim(self, instance_pk: int, holder: str) -> None:
-        await self._client.set(f"{self._prefix}{instance_pk}", holder,
-                               ex=int(DIRECTORY_TTL_S))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(f"{self._prefix}{instance_pk}", holder, ex=int(DIRECTORY_TTL_S))
+        pipe.zadd(self._all, {str(instance_pk): self._clock() + DIRECTORY_TTL_S})
+        await pipe.execute()
 
     async def release(self, instance_pk: int, holder: str) -> None:
         key = f"{self._prefix}{instance_pk}"
         if (await self._client.get(key) or b"").decode() == holder:
             await self._client.delete(key)
+            await self._client.zrem(self._all, str(instance_pk))
 
     async def holder(self, instance_pk: int) -> str | None:
         value = await self._client.get(f"{self._prefix}{instance_pk}")
         return value.decode() if value else None
 
     async def present(self) -> set[int]:
-        found = set()
-        async for key in self._client.scan_iter(match=f"{self._prefix}*", count=1000):
-            tail = key.decode().rsplit(":", 1)[1]
-            if tail.isdigit():
-                found.add(int(tail))
-        return found
+        now = self._clock()
+        await self._client.zremrangebyscore(self._all, "-inf", now)
+        return {int(m) for m in await self._client.zrangebyscore(self._all, now, "+inf")}
 
 
 # ---- the hub: this process's tunnels, and calls to any tunnel -----------------------------
@@ -330,25 +335,24 @@ class TunnelHub:
     async def follow(self) -> None:
         """Background job: keep the directory's records of this process's tunnels alive,
         learn the others' (every few seconds), and serve relayed calls."""
-        jobs = [asyncio.ensure_future(self._refresh_forever())]
         if self._relay is not None:
             self.channel = await self._relay.new_channel("tunnel.")
-            jobs.append(asyncio.ensure_future(self._serve_relayed()))
-        try:
-            await asyncio.gather(*jobs)
-        finally:
-            for job in jobs:
-                job.cancel()
+            await asyncio.gather(self._refresh_forever(), _restarting(self._serve_relayed))
+        else:
+            await self._refresh_forever()
 
     async def _refresh_forever(self) -> None:
-        while True:
+        """Every second: the tunnels held anywhere (for routing); every fifth, this
+        process's own records renewed."""
+        for tick in itertools.count():
             try:
-                for pk in list(self.local):
-                    await self.directory.claim(pk, self._holder())
+                if tick % 5 == 0:
+                    for pk in list(self.local):
+                        await self.directory.claim(pk, self._holder())
                 self._present = await self.directory.present()
             except Exception as exc:  # Redis away: local tunnels still serve
                 logger.warning("tunnel directory refresh failed (%s)", type(exc).__name__)
-            await asyncio.sleep(min(5.0, DIRECTORY_TTL_S / 3))
+            await asyncio.sleep(PRESENCE_S)
 
     def _holder(self) -> str:
         return self.channel or "local"
@@ -553,6 +557,19 @@ class TunnelHub:
             stream = calls.pop(call, None)
             if stream is not None:
                 stream.close()
+
+
+async def _restarting(job: Callable[[], Awaitable[None]]) -> None:
+    """Run ``job`` for good: a failure is logged and the job started again a moment later
+    (the other jobs of ``follow`` must not end with it)."""
+    while True:
+        try:
+            await job()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis away or slow: the relay resumes when it answers
+            logger.warning("tunnel relay failed (%s); starting it again", type(exc).__name__)
+            await asyncio.sleep(1.0)
 
 
 class TunnelSession:

@@ -108,6 +108,10 @@ async def _push_later(push: dict, task: dict) -> None:
         SEEN.append({"path": "push", "status": reply.status, "body": await reply.text()})
 
 
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
 async def seen(request: web.Request) -> web.Response:
     return web.json_response(SEEN)
 
@@ -121,7 +125,7 @@ def main() -> None:
     app.router.add_post("/accept", accept)
     app.router.add_post("/a2a", a2a)
     app.router.add_get("/_seen", seen)
-    app.router.add_get("/healthz", lambda r: web.json_response({"ok": True}))
+    app.router.add_get("/healthz", healthz)
 
     async def serve() -> None:
         runner = web.AppRunner(app, access_log=None)

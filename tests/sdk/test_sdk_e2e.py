@@ -1,0 +1,286 @@
+"""The SDK as an agent team and a caller use it, against a real platform."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from agent_reach import Agent, AsyncReachClient, ReachClient
+from agent_reach.errors import NoCapability, NoHealthyInstance, ReachError, UpstreamError
+from registry.models import Instance
+from tests.sdk.conftest import GatewayProcess, instance, needs_services, sdk_agent_process
+from tests.support.waiting import wait_for
+
+pytestmark = needs_services
+
+
+def sdk_agent(name: str = "sdk-agent") -> tuple[Agent, threading.Event]:
+    agent = Agent(name, description="an agent built with the SDK")
+    release = threading.Event()
+
+    @agent.capability("sdk.echo", description="echo the input")
+    def echo(input, ctx):
+        return {"echo": input, "request_id": ctx.request_id,
+                "deadline_ms": ctx.deadline.left_ms() if ctx.deadline else None,
+                "idempotency_key": ctx.idempotency_key}
+
+    @agent.capability("sdk.words", description="stream words")
+    async def words(input, ctx):
+        for word in input["text"].split():
+            yield word
+
+    @agent.capability("sdk.ask", description="asks for a language")
+    def ask(input, ctx):
+        if not input.get("language"):
+            return ctx.ask("Which language?")
+        return {"text": input["text"], "language": input["language"], "task": ctx.task_id}
+
+    @agent.capability("sdk.stall", description="never finishes until released")
+    def stall(input, ctx):
+        release.wait(30)
+        return {"released": True}
+
+    return agent, release
+
+
+def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
+    agent, _ = sdk_agent()
+    running = agent.start(platform=platform.base, key=platform.manage_key, heartbeat_s=0.5)
+    try:
+        wait_for(lambda: running.beats >= 2, timeout=10, message="two heartbeats")
+        with ReachClient(platform.base, platform.key) as reach:
+            reply = reach.invoke("sdk.echo", input={"x": 1}, timeout=5,
+                                 idempotency_key="sdk-1")
+            streamed = list(reach.stream("sdk.words", input={"text": "one two three"}))
+            task = reach.submit("sdk.ask", input={"text": "hello"})
+            asked = reach.wait(task["task_id"], timeout=30)
+            reach.send(task["task_id"], {"language": "fr"})
+            done = reach.wait(task["task_id"], timeout=30)
+            with pytest.raises(NoCapability):
+                reach.invoke("sdk.nothing", input={})
+
+        async def twin():
+            async with AsyncReachClient(platform.base, platform.key) as reach:
+                return (await reach.invoke("sdk.echo", input={"y": 2}),
+                        [e async for e in reach.stream("sdk.words", input={"text": "a b"})])
+
+        import asyncio
+
+        async_reply, async_words = asyncio.run(twin())
+    finally:
+        running.stop()
+
+    assert reply["output"]["echo"] == {"x": 1} and reply["agent"] == "sdk-agent"
+    assert reply["output"]["idempotency_key"] == "sdk-1"
+    assert 0 < reply["output"]["deadline_ms"] <= 5000  # the caller's deadline, passed on
+    assert streamed == [{"text": "one"}, {"text": "two"}, {"text": "three"}]
+    assert (asked["state"], asked["message"]) == ("input-required", "Which language?")
+    assert done["state"] == "completed"
+    assert done["result"]["output"] == {"text": "hello", "language": "fr",
+                                        "task": task["task_id"]}
+    assert async_reply["output"]["echo"] == {"y": 2}
+    assert async_words == [{"text": "a"}, {"text": "b"}]
+    assert Instance.objects.get(pk=running.registration.instance_id).state == "draining"
+
+
+def test_a_stalled_handler_turns_its_instance_sub_healthy_within_one_heartbeat(platform):
+    agent, release = sdk_agent("sdk-stalling")
+    running = agent.start(platform=platform.base, key=platform.manage_key, heartbeat_s=1.0)
+    pk = running.registration.instance_id
+    try:
+        with ReachClient(platform.base, platform.key) as reach, \
+                concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(lambda: _quietly(reach.invoke, "sdk.stall", input={},
+                                                   timeout=20))
+            wait_for(lambda: agent.counters.in_flight == 1, timeout=10,
+                     message="the call to reach the handler")
+            stalled_at = time.monotonic()
+            wait_for(lambda: instance(pk).health_tier == "sub_healthy", timeout=10,
+                     interval=0.05, message="the instance to turn sub-healthy")
+            took = time.monotonic() - stalled_at
+            # ... and callers are kept away from it once the gateway has the change.
+            wait_for(lambda: isinstance(_quietly(reach.invoke, "sdk.echo", input={},
+                                                 timeout=5), NoHealthyInstance),
+                     timeout=5, message="the gateway to keep callers away")
+            release.set()
+            pending.result(timeout=20)
+            wait_for(lambda: instance(pk).health_tier == "healthy", timeout=10,
+                     message="the instance to be healthy again")
+    finally:
+        release.set()
+        running.stop()
+    # One heartbeat interval (1 s) and the time to deliver it: not hidden for long.
+    assert took <= 2.5, took
+
+
+def answers(reach: ReachClient, capability: str) -> bool:
+    """Whether ``capability`` answers through ``reach`` now (the refusal is printed)."""
+    outcome = _quietly(reach.invoke, capability, input={}, timeout=5)
+    if isinstance(outcome, ReachError):
+        dry = httpx.get(f"{reach.base_url}/v1/route", params={"capability": capability},
+                        headers=reach._auth).json()
+        print(f"not yet: {outcome} {dry}")
+        return False
+    return True
+
+
+def _quietly(function, *args, **kwargs):
+    try:
+        return function(*args, **kwargs)
+    except ReachError as error:
+        return error
+
+
+def test_an_agent_the_platform_forgot_registers_again(platform):
+    agent, _ = sdk_agent("sdk-forgotten")
+    running = agent.start(platform=platform.base, key=platform.manage_key, heartbeat_s=0.5)
+    try:
+        first = running.registration.instance_id
+        Instance.objects.filter(pk=first).delete()
+        wait_for(lambda: running.registrations == 2, timeout=10,
+                 message="the agent to register again")
+        with ReachClient(platform.base, platform.key) as reach:
+            wait_for(lambda: not isinstance(_quietly(reach.invoke, "sdk.echo", input={}),
+                                            ReachError), timeout=10,
+                     message="the agent to be callable again")
+    finally:
+        running.stop()
+    assert running.registration.instance_id != first
+
+
+def test_sigterm_deregisters_the_agent_and_lets_calls_in_flight_finish(platform):
+    with sdk_agent_process(platform.base, platform.manage_key, "direct") as (proc, pk), \
+            ReachClient(platform.base, platform.key) as reach, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(reach.invoke, "sdk.slow", input={"s": 2}, timeout=20)
+        time.sleep(0.5)  # the call is in the handler
+        proc.send_signal(signal.SIGTERM)
+        reply = pending.result(timeout=20)
+        code = proc.wait(timeout=20)
+        bye = proc.stdout.read()
+        after = _quietly(reach.invoke, "sdk.echo", input={}, timeout=5)
+
+    assert reply["output"] == {"slept": 2}
+    assert code == 0 and "BYE" in bye
+    assert instance(pk).state == "draining"
+    assert isinstance(after, NoHealthyInstance)
+
+
+def test_a_tunnelled_agent_is_reached_through_either_gateway_and_after_a_restart(
+        platform, tmp_path):
+    first = GatewayProcess(tmp_path, "gateway-1").start()
+    second = GatewayProcess(tmp_path, "gateway-2").start()
+    try:
+        with sdk_agent_process(platform.base, platform.manage_key, "tunnel",
+                               gateway=first.base) as (_, pk):
+            assert instance(pk).reach_mode == "tunnel"
+            replies = {}
+            for gateway in (first, second, first, second):
+                with ReachClient(gateway.base, platform.key) as reach:
+                    wait_for(lambda reach=reach: answers(reach, "sdk.echo"), timeout=15,
+                             message=f"{gateway.base} to reach the tunnel")
+                    replies[gateway.base] = (
+                        reach.invoke("sdk.echo", input={"via": gateway.base}),
+                        list(reach.stream("sdk.words", input={"text": "over the tunnel"})))
+            first.stop()
+            first.start()
+            back = time.monotonic()
+            with ReachClient(second.base, platform.key) as reach:
+                wait_for(lambda: not isinstance(
+                    _quietly(reach.invoke, "sdk.echo", input={}, timeout=3), ReachError),
+                    timeout=15, interval=0.1, message="the tunnel to be back")
+            reachable_after = time.monotonic() - back
+    finally:
+        first.stop()
+        second.stop()
+
+    for base, (reply, words) in replies.items():
+        assert reply["output"]["echo"] == {"via": base}
+        assert words == [{"text": "over"}, {"text": "the"}, {"text": "tunnel"}]
+    assert reachable_after <= 5.0, reachable_after
+
+
+def test_kill_9_of_a_tunnelled_agent_mid_call_gives_the_caller_an_error_at_once(platform):
+    with sdk_agent_process(platform.base, platform.manage_key, "tunnel") as (proc, _), \
+            ReachClient(platform.base, platform.key) as reach, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        wait_for(lambda: not isinstance(_quietly(reach.invoke, "sdk.echo", input={}),
+                                        ReachError), timeout=15, message="the tunnel")
+        pending = pool.submit(_quietly, reach.invoke, "sdk.slow", input={"s": 30},
+                              timeout=60)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        error = pending.result(timeout=30)
+        answered = time.monotonic() - killed
+
+    assert isinstance(error, UpstreamError | NoHealthyInstance), error
+    assert error.status in (502, 503)
+    assert answered <= 5.0, answered
+
+
+@pytest.mark.parametrize("reach", ["direct", "tunnel"])
+def test_the_sidecar_makes_a_plain_service_callable_and_reports_it_unhealthy(
+        platform, tmp_path, reach):
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.servers import ROOT, free_port
+    from tests.tasks.conftest import start_helper
+
+    port = free_port()
+    service = start_helper("tests.agents.task_agent", str(port))
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"""
+platform: {platform.base}
+key_env: SIDECAR_KEY
+service: http://127.0.0.1:{port}
+health: /healthz
+probe_interval_s: 0.2
+heartbeat_s: 1
+reach: {reach}
+agent:
+  name: legacy-{reach}
+  description: A plain HTTP service behind the sidecar
+  capabilities:
+    - id: legacy.work.{reach}
+      description: does work
+      endpoints: [{{path: /work}}]
+""")
+    log = tmp_path / "sidecar.log"
+    with log.open("wb") as out:
+        sidecar = subprocess.Popen([sys.executable, "-m", "agent_reach.sidecar", "--config",
+                                    str(config)], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT,
+                                   env={**os.environ, "SIDECAR_KEY": platform.manage_key})
+    try:
+        wait_for(lambda: "READY" in log.read_text(), timeout=20,
+                 message="the sidecar to start")
+        with ReachClient(platform.base, platform.key) as reach_client:
+            wait_for(lambda: not isinstance(_quietly(
+                reach_client.invoke, f"legacy.work.{reach}", input={"n": 1}), ReachError),
+                timeout=20, message="the service to be callable")
+            reply = reach_client.invoke(f"legacy.work.{reach}", input={"n": 2})
+            service.kill()
+            service.wait(timeout=10)
+            pk = Instance.objects.get(agent__name=f"legacy-{reach}").pk
+            wait_for(lambda: instance(pk).health_tier == "sub_healthy", timeout=10,
+                     message="the sidecar to report the service unhealthy")
+            after = _quietly(reach_client.invoke, f"legacy.work.{reach}", input={})
+    finally:
+        sidecar.terminate()
+        sidecar.wait(timeout=15)
+        if service.poll() is None:
+            service.kill()
+        service.wait(timeout=10)
+        service.stdout.close()
+
+    assert reply["output"]["done"] == {"n": 2}
+    assert isinstance(after, NoHealthyInstance)
+    assert httpx.get(f"{platform.base}/healthz").status_code == 200
