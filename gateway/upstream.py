@@ -73,22 +73,43 @@ class SafeResolver(AbstractResolver):
         await self._inner.close()
 
 
+class _IdleBoundedConnector(aiohttp.TCPConnector):
+    """A connector that keeps idle connections for at most ``max_idle_hosts`` upstreams:
+    past that, a connection to one more upstream is closed when its call is done instead of
+    kept. A gateway calling every agent of a large fleet would otherwise hold an idle
+    connection (a socket and its buffers) per agent for the whole keep-alive time
+    (a break test: 10,000 agents called once, 10,021 open files, 158 -> 341 MB)."""
+
+    def __init__(self, *, max_idle_hosts: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._max_idle_hosts = max_idle_hosts
+
+    def _release(self, key, protocol, *, should_close: bool = False) -> None:
+        if not should_close and key not in self._conns \
+                and len(self._conns) >= self._max_idle_hosts:
+            should_close = True
+        super()._release(key, protocol, should_close=should_close)
+
+
 class UpstreamPools:
-    """Sessions per agent, created on first use in the running loop, and closed again once
-    unused for longer than their keep-alive (``close_idle``): by then they hold no
-    connection, and a gateway that has called every agent of a large fleet once would
-    otherwise keep a session for each (7 KB apiece without connections)."""
+    """Connections to agents: one session (one connection pool) per keep-alive setting,
+    shared by every agent with it, so a large fleet costs no session per agent; each
+    agent's ``pool_max_connections`` is held by a semaphore of its own (``slot``). Idle
+    connections are kept for ``MAX_IDLE_HOSTS`` agents at most, and the slots of agents not
+    called for ``SLOT_IDLE_S`` are forgotten (``close_idle``)."""
 
     SWEEP_EVERY_S = 30.0
+    SLOT_IDLE_S = 600.0
+    MAX_IDLE_HOSTS = 512
 
     def __init__(self, policy: EndpointPolicy, *, connect_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._policy = policy
         self._connect_timeout_s = connect_timeout_s
         self._clock = clock
-        self._sessions: dict[tuple[int, int, int], aiohttp.ClientSession] = {}
-        self._used: dict[tuple[int, int, int], float] = {}
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
         self._slots: dict[tuple[int, int], asyncio.Semaphore] = {}
+        self._used: dict[tuple[int, int], float] = {}
 
     async def slot(self, agent_pk: int, max_connections: int, wait_s: float) -> asyncio.Semaphore:
         """Take one of the agent's ``max_connections`` slots, waiting at most ``wait_s``;
@@ -96,6 +117,7 @@ class UpstreamPools:
         ``TimeoutError`` when none frees up in time: the caller answers at once rather
         than queue behind a saturated pool into everyone's deadlines."""
         key = (agent_pk, max_connections)
+        self._used[key] = self._clock()
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = asyncio.Semaphore(max_connections)
@@ -106,12 +128,11 @@ class UpstreamPools:
         return slots
 
     def session(self, agent_pk: int, max_connections: int, idle_seconds: int):
-        key = (agent_pk, max_connections, idle_seconds)
-        self._used[key] = self._clock()
-        session = self._sessions.get(key)
+        session = self._sessions.get(idle_seconds)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=max_connections, keepalive_timeout=idle_seconds, ttl_dns_cache=30,
+            connector = _IdleBoundedConnector(
+                max_idle_hosts=self.MAX_IDLE_HOSTS, limit=0, limit_per_host=0,
+                keepalive_timeout=idle_seconds, ttl_dns_cache=30,
                 resolver=SafeResolver(self._policy),
             )
             session = aiohttp.ClientSession(
@@ -119,27 +140,23 @@ class UpstreamPools:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
                 skip_auto_headers=("User-Agent",),
             )
-            self._sessions[key] = session
+            self._sessions[idle_seconds] = session
         return session
 
     async def close_idle(self) -> int:
-        """Close the sessions unused for longer than their keep-alive whose agent has no
-        call in flight (a long stream holds its slot); returns how many were closed. The
-        next call to such an agent opens a new session, as its first call did."""
+        """Forget the slots of agents not called for ``SLOT_IDLE_S`` and with no call in
+        flight (a long stream holds its slot); returns how many were forgotten."""
         now = self._clock()
         idle = [key for key, used in self._used.items()
-                if now - used > key[2] and not self._busy(key[0], key[1])]
+                if now - used > self.SLOT_IDLE_S and not self._busy(key)]
         for key in idle:
             del self._used[key]
-            self._slots.pop((key[0], key[1]), None)
-            session = self._sessions.pop(key, None)
-            if session is not None:
-                await session.close()
+            self._slots.pop(key, None)
         return len(idle)
 
-    def _busy(self, agent_pk: int, max_connections: int) -> bool:
-        slots = self._slots.get((agent_pk, max_connections))
-        return slots is not None and slots._value < max_connections
+    def _busy(self, key: tuple[int, int]) -> bool:
+        slots = self._slots.get(key)
+        return slots is not None and slots._value < key[1]
 
     async def close_idle_forever(self) -> None:
         """The gateway's background job: ``close_idle`` every ``SWEEP_EVERY_S``."""
@@ -147,12 +164,16 @@ class UpstreamPools:
             await asyncio.sleep(self.SWEEP_EVERY_S)
             try:
                 await self.close_idle()
-            except Exception:  # a failed close must not stop the sweeps
-                logger.exception("closing idle upstream sessions failed")
+            except Exception:  # a failed sweep must not stop the sweeps
+                logger.exception("forgetting idle upstream slots failed")
+
+    def idle_connections(self) -> int:
+        """Connections kept open for the next call, over every session."""
+        return sum(len(kept) for session in self._sessions.values()
+                   for kept in session.connector._conns.values())
 
     async def close(self) -> int:
         """Close every session (and its connections); returns how many were open."""
-        self._used.clear()
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await session.close()

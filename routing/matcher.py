@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from immutables import Map
 
 from routing.text import TO_LANGUAGE, clauses, features, normalise, stem, words
 
@@ -133,7 +134,7 @@ class IntentIndex:
         self._keeps_language = np.zeros(0, dtype=bool)
         self._vectors: list | None = [] if embedder else None
         # Per feature, a (2, documents) array: the slots it occurs in, and how often.
-        self._postings: dict[str, np.ndarray] = {}
+        self._postings: Map = Map()  # feature -> np.ndarray
         # How many features occur in each number of documents: the rarest gives max idf.
         self._df_counts: Counter = Counter()
         self._total_length = 0
@@ -225,17 +226,22 @@ class IntentIndex:
                 rows = into[f]
                 rows[0].append(slot)
                 rows[1].append(tf)
-        postings, df_counts = self._postings.copy(), self._df_counts.copy()
-        for f in out.keys() | into.keys():
-            before = postings.get(f)
-            after = _changed_rows(before, out.get(f, ()), into.get(f))
-            _recount(df_counts, 0 if before is None else before.shape[1],
-                     0 if after is None else after.shape[1])
-            if after is None:
-                postings.pop(f, None)
-            else:
-                postings[f] = after
-        self._postings, self._df_counts = postings, df_counts
+        # A persistent map: the features one text brings are set in a new map sharing
+        # the rest with the old one, whatever the number of features of the fleet.
+        df_counts = self._df_counts.copy()
+        with self._postings.mutate() as postings:
+            for f in out.keys() | into.keys():
+                before = postings.get(f)
+                after = _changed_rows(before, out.get(f, ()), into.get(f))
+                _recount(df_counts, 0 if before is None else before.shape[1],
+                         0 if after is None else after.shape[1])
+                if after is None:
+                    if f in postings:
+                        del postings[f]
+                else:
+                    postings[f] = after
+            self._postings = postings.finish()
+        self._df_counts = df_counts
 
     def _change_keywords(self, leaving: list[tuple[int, _Parts]],
                          joining: list[tuple[int, _Parts]]) -> None:
@@ -507,18 +513,22 @@ class Speller:
 
     def __init__(self, vocabulary: Iterable[str] = ()) -> None:
         # How many times each word was given (by an index: how many documents have it).
-        self._counts = Counter(w for w in vocabulary if _spellable(w))
+        self._counts = Map(Counter(w for w in vocabulary if _spellable(w)))
         self._deletes = _Deletions(self._counts)
 
     def changed(self, gone: Iterable[str], new: Iterable[str]) -> Speller:
         """The speller with ``gone`` given once less each and ``new`` once more."""
-        counts = self._counts.copy()
-        for word in gone:
-            counts[word] -= 1
-            if not counts[word]:
-                del counts[word]
         added = [w for w in new if _spellable(w)]
-        counts.update(added)
+        with self._counts.mutate() as counts:
+            for word in gone:
+                left = counts.get(word, 0) - 1
+                if left > 0:
+                    counts[word] = left
+                elif word in counts:
+                    del counts[word]
+            for word in added:
+                counts[word] = counts.get(word, 0) + 1
+            counts = counts.finish()
         speller = copy.copy(self)
         speller._counts = counts
         # Words that left stay in the shared variants until they are most of them.

@@ -731,6 +731,14 @@ def changed_agents(before: Mapping[int, AgentEntry],
     return changed
 
 
+def capabilities_of(agent_pks, before: RouteTable, after: RouteTable) -> set[str]:
+    """The capability ids the agents ``agent_pks`` offered in ``before`` or offer in
+    ``after``: the texts their change may have moved."""
+    return {cap.capability_id for pk in agent_pks
+            for agent in (before.agents.get(pk), after.agents.get(pk)) if agent is not None
+            for cap in agent.capabilities}
+
+
 def touched_capabilities(before: RouteTable, after: RouteTable) -> set[str]:
     """The capability ids whose text may differ between the tables: those the changed
     agents offered or offer."""
@@ -759,7 +767,9 @@ class IntentIndexHolder:
         self._kwargs = index_kwargs
         self._table: RouteTable | None = None
         self.index: IntentIndex | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _latest and _pending
+        self._update_lock = threading.Lock()
+        self._pending: frozenset[int] | None = frozenset()
         self._latest: RouteTable | None = None
         self._wake = threading.Event()
         self._after_first: Callable[[], None] | None = None
@@ -779,19 +789,29 @@ class IntentIndexHolder:
         threading.Thread(target=self._rebuild_loop, name="intent-index", daemon=True).start()
 
     def _schedule(self, table: RouteTable) -> None:
-        self._latest = table
+        # Every table passes here in order, the update loop takes the latest: the agents
+        # changed meanwhile are gathered for it (None: not known, compare the tables).
+        with self._lock:
+            changed = table.changed_agents
+            self._pending = None if changed is None or self._pending is None \
+                else self._pending | changed
+            self._latest = table
         self._wake.set()
 
     def _rebuild_loop(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
-            table = self._latest
+            with self._lock:
+                table, changed = self._latest, self._pending
+                self._pending = frozenset()
             if table is not None:
-                self.update(table)
+                self.update(table, changed)
 
-    def update(self, table: RouteTable) -> None:
-        with self._lock:
+    def update(self, table: RouteTable, changed: frozenset[int] | None = None) -> None:
+        """Index ``table``'s texts: only those of the ``changed`` agents' capabilities when
+        given (the cost of those agents), else those the tables' agents differ in."""
+        with self._update_lock:
             if self.index is None:
                 self.index = IntentIndex(list(capability_texts(table).values()), **self._kwargs)
                 after, self._after_first = self._after_first, None
@@ -800,8 +820,9 @@ class IntentIndexHolder:
             else:
                 # Only ids the changed agents touch; updated() skips texts that came out
                 # the same (a change of weight or instances, a heartbeat's state).
-                texts = {cid: capability_text(table, cid)
-                         for cid in touched_capabilities(self._table, table)}
+                touched = touched_capabilities(self._table, table) if changed is None \
+                    else capabilities_of(changed, self._table, table)
+                texts = {cid: capability_text(table, cid) for cid in touched}
                 self.index = self.index.updated(
                     [t for t in texts.values() if t is not None],
                     [cid for cid, t in texts.items() if t is None])

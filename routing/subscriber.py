@@ -192,7 +192,8 @@ class RouteTableSubscriber:
             table = self.table
             for delta in deltas:
                 table = table.apply(delta)
-            self._swap(replace(table, version=version))
+            changed = frozenset(d.pk for d in deltas if d.kind == "agent")
+            self._swap(replace(table, version=version, changed_agents=changed))
             self.catch_ups += 1
         self.reconnected()
         return True

@@ -1,5 +1,6 @@
-"""Upstream sessions do not accumulate: one unused for longer than its keep-alive is closed,
-unless its agent still has a call in flight; the next call opens a new one."""
+"""Upstream connections do not grow with the fleet: agents share one pool per keep-alive
+setting, idle connections are kept for a bounded number of agents, and the per-agent slots
+of agents no longer called are forgotten (unless a call still holds one)."""
 
 from __future__ import annotations
 
@@ -8,41 +9,53 @@ import asyncio
 from gateway.upstream import UpstreamPools
 from reach_core.endpoints import EndpointPolicy
 from tests.support.clock import FakeClock
+from tests.support.inprocess import start_scripted_agent, stop_process
+from tests.support.servers import free_port
 
 POLICY = EndpointPolicy.from_setting(("127.0.0.1/32",), ())
 
 
-def test_sessions_idle_past_their_keep_alive_are_closed_and_busy_ones_kept(scripted):
+def test_agents_share_a_pool_and_idle_connections_are_kept_for_a_bounded_few():
+    agents = [start_scripted_agent(free_port()) for _ in range(5)]
+    try:
+        async def go():
+            pools = UpstreamPools(POLICY, connect_timeout_s=1)
+            pools.MAX_IDLE_HOSTS = 2
+            sessions = set()
+            for n, agent in enumerate(agents):
+                session = pools.session(n, 4, 90)
+                sessions.add(id(session))
+                async with session.get(f"{agent.endpoint}healthz") as reply:
+                    assert reply.status == 200
+                    await reply.read()
+            kept = pools.idle_connections()
+            other = pools.session(99, 4, 30)  # another keep-alive: a pool of its own
+            await pools.close()
+            return len(sessions), kept, id(other) in sessions
+
+        shared, kept, same = asyncio.run(go())
+    finally:
+        for agent in agents:
+            stop_process(agent.proc)
+
+    assert shared == 1 and not same
+    assert kept == 2  # five agents called; idle connections kept for two
+
+
+def test_the_slots_of_agents_no_longer_called_are_forgotten_unless_busy():
     clock = FakeClock()
 
     async def go():
         pools = UpstreamPools(POLICY, connect_timeout_s=1, clock=clock)
-        idle = pools.session(1, 4, 90)
-        async with idle.get(f"{scripted.endpoint}_seen") as reply:
-            assert reply.status == 200
-        busy = pools.session(2, 4, 90)
-        held = await pools.slot(2, 4, wait_s=1)  # a call (a long stream) still running
-        recent = pools.session(3, 4, 90)
+        await pools.slot(1, 4, 1)
+        (await pools.slot(1, 4, 1)).release()  # agent 1: one call still holds a slot
+        (await pools.slot(2, 4, 1)).release()  # agent 2: done
+        clock.advance(pools.SLOT_IDLE_S - 1)
+        early = await pools.close_idle()
+        clock.advance(2)
+        late = await pools.close_idle()
+        return early, late, sorted(pools._slots)
 
-        clock.advance(60)
-        pools.session(3, 4, 90)  # used again: its 90 s start over
-        assert await pools.close_idle() == 0  # nothing idle for 90 s yet
-
-        clock.advance(31)
-        closed = await pools.close_idle()
-        state = (closed, idle.closed, busy.closed, recent.closed)
-
-        held.release()
-        clock.advance(91)
-        closed_later = await pools.close_idle()
-        again = pools.session(1, 4, 90)
-        async with again.get(f"{scripted.endpoint}_seen") as reply:
-            status = reply.status
-        await pools.close()
-        return state, (closed_later, busy.closed, recent.closed), (again is not idle, status)
-
-    state, later, reopened = asyncio.run(go())
-
-    assert state == (1, True, False, False)
-    assert later == (2, True, True)
-    assert reopened == (True, 200)
+    early, late, left = asyncio.run(go())
+    assert (early, late) == (0, 1)
+    assert left == [(1, 4)]

@@ -255,10 +255,10 @@ def test_a_large_first_index_is_built_off_the_start_and_intent_calls_wait_for_it
     release, building = threading.Event(), threading.Event()
     update = holder.update
 
-    def held_update(table):
+    def held_update(table, changed=None):
         building.set()
         release.wait(10)
-        update(table)
+        update(table, changed)
 
     holder.update = held_update
     holder.follow(Subscriber())
