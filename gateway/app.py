@@ -90,7 +90,8 @@ class GatewayApp:
                  background: Sequence[Callable[[], Awaitable[None]]] = (),
                  closers: Sequence[Callable[[], Awaitable[None]]] = (),
                  tasks: TaskDoors | None = None, engine: EngineSettings | None = None,
-                 tunnels: TunnelHub | None = None) -> None:
+                 tunnels: TunnelHub | None = None,
+                 ready: Callable[[], bool] = lambda: True) -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
         ``background``: coroutine functions run for the process's lifetime; ``closers``:
         coroutine functions awaited at shutdown (Redis clients); ``tasks``: the
@@ -98,6 +99,7 @@ class GatewayApp:
         this process also runs tasks (the embedded mode, and the workers'), with
         ``tasks``' store and this pipeline."""
         self._table = table
+        self._ready = ready  # False while there is no table at all (see ``readiness``)
         self.tasks = tasks
         self.tunnels = tunnels
         self.config = config
@@ -244,6 +246,12 @@ class GatewayApp:
         try:
             key = authenticate(table, header(scope, b"authorization"))
         except ReachError as error:
+            if error.code == "unauthorized" and not self._ready():
+                # No table yet (started with the database away and no snapshot): the key
+                # is not known because nothing is; say so, and blame nobody for it.
+                raise ReachError("service_unavailable", "This gateway has no route table "
+                                 "yet (its database is unreachable); retry shortly.",
+                                 retry_after=2) from None
             if error.code == "unauthorized":
                 self.auth_failures.record(address)
             raise
@@ -339,6 +347,19 @@ class GatewayApp:
         await send_json(send, 200, await doors_.message(tenant, scope["reach.task_id"], raw),
                         request_id)
         return Outcome.SUCCESS
+
+    async def readiness(self, scope, send) -> None:
+        """``/readyz`` of a gateway process: 200 while it has a route table to serve from
+        (the database may be away: it serves from the table), 503 before it has one."""
+        request_id = requestid.accept_or_new(header(scope, b"x-request-id"))
+        table = self._table()
+        if self._ready():
+            await send_json(send, 200, {"status": "ready", "table_version": table.version},
+                            request_id)
+        else:
+            await send_json(send, 503, {"status": "not_ready", "table_version": None,
+                                        "reason": "no route table yet"}, request_id,
+                            [(b"retry-after", b"2")])
 
     async def _metrics(self, request_id, scope, receive, send) -> str:
         TABLE_VERSION.set(self._table().version)

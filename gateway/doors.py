@@ -24,6 +24,7 @@ from routing.router import Router, RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
+MAX_INTENT_CHARS = 2000
 
 
 # ---- POST /v1/invoke ------------------------------------------------------------------------
@@ -242,6 +243,12 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
         raise ReachError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
     if not isinstance(capability or intent, str):
         raise ReachError("invalid_input", "'capability' and 'intent' must be strings.")
+    if intent and len(intent) > MAX_INTENT_CHARS:
+        # Matching costs in proportion to the text: a long one would hold the event loop
+        # (a break test: 750 KB intents held every other call for seconds).
+        raise ReachError("invalid_input", f"'intent' is at most {MAX_INTENT_CHARS} "
+                         "characters: say what is wanted; the material goes in 'input'.",
+                         details={"intent": ["too long"]})
     input_chars = params.get("input_chars")
     if input_chars is not None and not str(input_chars).isdigit():
         raise ReachError("invalid_input", "'input_chars' must be a non-negative integer.")

@@ -62,7 +62,8 @@ def circuit_breakers() -> CircuitBreakers:
 
 
 def build_gateway(*, table: Callable[[], RouteTable], router: Router,
-                  governed: bool = True, run_tasks: bool | None = None) -> GatewayApp:
+                  governed: bool = True, run_tasks: bool | None = None,
+                  ready: Callable[[], bool] = lambda: True) -> GatewayApp:
     """The gateway for this process's settings. ``governed=False`` leaves out admission
     and metering, to measure what they cost (``bench/metering.py``); never in production.
     ``run_tasks``: this process runs asynchronous tasks too (by default only the embedded
@@ -81,7 +82,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                           breakers=circuit_breakers(), governor=governor if governed else None,
                           usage=usage, idempotency=MemoryStore(), tasks=tasks,
                           engine=engine_settings(None) if run_tasks else None,
-                          tunnels=TunnelHub(table=table, authenticate=agent_of_token))
+                          tunnels=TunnelHub(table=table, authenticate=agent_of_token),
+                          ready=ready)
 
     prefix = settings.REDIS_KEY_PREFIX
     client = redis_client(settings.REDIS_URL)
@@ -112,7 +114,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                       if run_tasks else None,
                       tunnels=TunnelHub(table=table, authenticate=agent_of_token,
                                         directory=RedisDirectory(client, prefix),
-                                        relay=channel_layer()))
+                                        relay=channel_layer()),
+                      ready=ready)
 
 
 def channel_layer():
@@ -192,15 +195,19 @@ def build_application(*, governed: bool = True):
     from channels.routing import ProtocolTypeRouter
     from django.core.asgi import get_asgi_application
 
+    from reach_platform.asgi_body import chunked_bodies
+
     django_application = get_asgi_application()
     if settings.SERVE_API:
         django_application = heartbeat_door(django_application)
+    django_application = chunked_bodies(django_application,
+                                        max_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     if not settings.SERVE_GATEWAY:
         return control_plane_only(django_application), None
     gateway = following_gateway(governed=governed)
 
     if not settings.SERVE_API:
-        django_application = _only_health_checks(django_application)
+        django_application = _only_health_checks(django_application, gateway)
 
     async def http_application(scope, receive, send) -> None:
         # A prefix test rather than Channels' URLRouter: this runs for every gateway
@@ -236,7 +243,8 @@ def following_gateway(*, governed: bool = True, run_tasks: bool | None = None) -
     # outage of ours (the database, the bus) must not look like every agent dying.
     return build_gateway(table=lambda: runtime.subscriber.table,
                          router=Router(index=intents, clock=runtime.subscriber.lease_clock),
-                         governed=governed, run_tasks=run_tasks)
+                         governed=governed, run_tasks=run_tasks,
+                         ready=lambda: runtime.subscriber.serving)
 
 
 def heartbeat_door(django_application):
@@ -250,26 +258,42 @@ def heartbeat_door(django_application):
 
 def _not_here(message: str):
     """An ASGI app answering every request with a 404 that says where to go instead."""
-    body = orjson.dumps({"error": {"code": "not_found", "retryable": False,
-                                   "message": message}})
+    from reach_core import requestid
+    from reach_core.errors import error_body
 
     async def answer(scope, receive, send) -> None:
+        request_id = requestid.accept_or_new(_header(scope, b"x-request-id"))
+        body = orjson.dumps(error_body(code="not_found", message=message,
+                                       request_id=request_id))
         await send({"type": "http.response.start", "status": 404,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()),
+                                (b"x-request-id", request_id.encode())]})
         await send({"type": "http.response.body", "body": body})
 
     return answer
 
 
-def _only_health_checks(django_application):
-    """A gateway process's Django: the balancer's checks, and a 404 for the rest."""
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _only_health_checks(django_application, gateway: GatewayApp):
+    """A gateway process's Django: liveness, and a 404 for the rest. Readiness is the
+    gateway's own: ready while it has a route table to serve from, whatever the database
+    (a balancer must not pull every gateway out during a database outage, when they go
+    on serving from their tables)."""
     elsewhere = _not_here("This process serves the gateway only (reach_platform.gateway_asgi);"
                           " call the control-plane processes for the API and the admin.")
 
     async def http_application(scope, receive, send) -> None:
-        if scope["path"] in ("/healthz", "/readyz"):
+        if scope["path"] == "/healthz":
             await django_application(scope, receive, send)
+        elif scope["path"] == "/readyz":
+            await gateway.readiness(scope, send)
         else:
             await elsewhere(scope, receive, send)
 

@@ -16,7 +16,7 @@ import time
 from django.conf import settings
 from django.db import connections
 from django.http import JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +47,12 @@ def _check_redis() -> str | None:
     return None
 
 
-@require_GET
+@require_safe
 def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
-@require_GET
+@require_safe
 def readyz(request):
     checks = {"database": _check_database}
     if settings.REDIS_URL:

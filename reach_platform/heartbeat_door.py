@@ -12,10 +12,13 @@ capability change, a lapsed lease, Redis away.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
+import json
 import logging
 import math
+import random
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +29,7 @@ from redis.exceptions import RedisError
 from rest_framework.fields import DateTimeField
 
 from reach_core import outage, requestid
+from reach_core.errors import ReachError
 from registry import health, heartbeats
 from registry.choices import InstanceState
 
@@ -60,6 +64,8 @@ def parse(body: bytes) -> tuple[health.Load, list[str] | None] | None:
         return None
     if not isinstance(data, dict) or not data.keys() <= _KNOWN:
         return None
+    if body.count(b":") > len(data) and _repeats_a_key(body):
+        return None  # {"cpu": .1, "cpu": .2}: the view refuses it (malformed_json)
     for name in _FLOATS:
         value = data.get(name, 0.0)
         if type(value) not in (int, float) or not (0.0 <= value <= 1.0) or (
@@ -70,11 +76,25 @@ def parse(body: bytes) -> tuple[health.Load, list[str] | None] | None:
         if type(value) is not int or not 0 <= value <= _INT_MAX:
             return None
     available = data.get("capabilities_available")
-    if available is not None and not _capability_list(available):
-        return None
+    if "capabilities_available" in data and not _capability_list(available):
+        return None  # null included: the view refuses it
     load = health.Load(cpu=float(data.get("cpu", 0.0)), memory=float(data.get("memory", 0.0)),
                        **{name: data.get(name, 0) for name in _INTS})
     return load, available
+
+
+def _repeats_a_key(body: bytes) -> bool:
+    def pairs(items):
+        keys = [key for key, _ in items]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a repeated key")
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except ValueError:
+        return True
+    return False
 
 
 def _capability_list(value) -> bool:
@@ -83,11 +103,23 @@ def _capability_list(value) -> bool:
 
 
 class HeartbeatDoor:
-    def __init__(self, fallback: App, *, clock: Callable[[], float] = time.time) -> None:
+    # Steady beats' Redis calls at once (per process): a burst waits its turn here rather
+    # than open a connection per beat and make Redis late enough to look away (a break
+    # test: 256 connections of beats sent every beat to the database, 50 % 503s).
+    REDIS_CONCURRENCY = 32
+
+    def __init__(self, fallback: App, *, clock: Callable[[], float] = time.time,
+                 view_concurrency: int | None = None) -> None:
         self._fallback = fallback
         self._clock = clock
         self._client = self._script = None
         self._channel = f"{settings.REDIS_KEY_PREFIX}routes"
+        self._redis_turns: asyncio.Semaphore | None = None
+        # Beats judged by the view at once: each holds a database connection, so past the
+        # pool's size they would only queue into time-outs; they get 503 at once instead,
+        # with Retry-After, and come again (their lease outlives two more intervals).
+        self._view_limit = view_concurrency or settings.HEARTBEAT_VIEW_CONCURRENCY
+        self._view_in_flight = 0
 
     async def __call__(self, scope, receive, send) -> None:
         match = PATH.match(scope["path"]) if scope["method"] == "POST" else None
@@ -105,12 +137,29 @@ class HeartbeatDoor:
                     outage.REDIS.failed()
                 logger.debug("heartbeat door: passing on (%s)", type(exc).__name__)
         if reply is None:
-            await self._fallback(scope, _replayer(messages, receive), send)
+            await self._judged_by_the_view(scope, _replayer(messages, receive), send)
             return
         request_id = requestid.accept_or_new(_header(scope, b"x-request-id"))
         await send({"type": "http.response.start", "status": 200, "headers": [
             *_HEADERS, (requestid.HEADER.lower().encode(), request_id.encode())]})
         await send({"type": "http.response.body", "body": reply})
+
+    async def _judged_by_the_view(self, scope, receive, send) -> None:
+        if self._view_in_flight >= self._view_limit:
+            request_id = requestid.accept_or_new(_header(scope, b"x-request-id"))
+            retry = ReachError("overloaded", "Too many heartbeats are being judged at once; "
+                               "send this one again shortly.", retry_after=1)
+            body = orjson.dumps(retry.body(request_id))
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                *_HEADERS, (requestid.HEADER.lower().encode(), request_id.encode()),
+                (b"retry-after", str(random.randint(1, 3)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        self._view_in_flight += 1
+        try:
+            await self._fallback(scope, receive, send)
+        finally:
+            self._view_in_flight -= 1
 
     async def _steady(self, scope, pk: int, body: bytes) -> bytes | None:
         token = _agent_token(_header(scope, b"authorization"))
@@ -126,14 +175,8 @@ class HeartbeatDoor:
             return None  # it failed a moment ago: no second wait for its timeout
         tiers = heartbeats.tier_changes(lambda current: health.tier_from_load(load, current))
         script = self._script or self._register()
-        done = await script(keys=[
-            heartbeats.key(pk), heartbeats.dirty_key(),
-            heartbeats.token_key(hashlib.sha256(token.encode()).hexdigest()),
-        ], args=[
-            repr(self._clock()), tiers, heartbeats.capabilities_digest(available), pk,
-            self._channel, repr(load.cpu), repr(load.memory), load.queue_depth,
-            load.in_flight, load.processed_recent, load.errors_recent,
-        ])
+        async with self._redis_turns:
+            done = await self._beat(script, pk, token, tiers, available, load)
         if not isinstance(done, list):
             return None
         _, lease, interval, tier = done
@@ -144,6 +187,16 @@ class HeartbeatDoor:
             "heartbeat_interval_seconds": int(interval),
         })
 
+    async def _beat(self, script, pk: int, token: str, tiers: str, available, load):
+        return await script(keys=[
+            heartbeats.key(pk), heartbeats.dirty_key(),
+            heartbeats.token_key(hashlib.sha256(token.encode()).hexdigest()),
+        ], args=[
+            repr(self._clock()), tiers, heartbeats.capabilities_digest(available), pk,
+            self._channel, repr(load.cpu), repr(load.memory), load.queue_depth,
+            load.in_flight, load.processed_recent, load.errors_recent,
+        ])
+
     def _register(self):
         # Built on first use: the client belongs to the event loop serving the door.
         import redis.asyncio as aioredis
@@ -152,6 +205,7 @@ class HeartbeatDoor:
             settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1,
             health_check_interval=10)
         self._script = self._client.register_script(heartbeats.BEAT_SCRIPT)
+        self._redis_turns = asyncio.Semaphore(self.REDIS_CONCURRENCY)
         return self._script
 
     async def aclose(self) -> None:

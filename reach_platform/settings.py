@@ -208,6 +208,11 @@ WHITENOISE_USE_FINDERS = env.bool("REACH_STATIC_USE_FINDERS", default=True)
 # Request bodies the control plane accepts (descriptors, schemas); the gateway
 # has its own, separate limits.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("REACH_API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
+# Heartbeats the API view judges at once per process (first beats, returns after a lapse,
+# tier changes, Redis away): each holds a database connection; past this, 503 with
+# Retry-After at once instead of queueing into time-outs. Default: the pool's size.
+HEARTBEAT_VIEW_CONCURRENCY = env.int("REACH_HEARTBEAT_VIEW_CONCURRENCY",
+                                     default=env.int("REACH_DB_POOL_SIZE", default=8))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

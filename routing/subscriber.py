@@ -100,6 +100,12 @@ class RouteTableSubscriber:
                                cold.version)
         return self.table
 
+    @property
+    def serving(self) -> bool:
+        """Whether there is a table to serve from: loaded from the source (even empty), or
+        a snapshot's while the source is away. False only before any of either."""
+        return not self.stale or self.table.version > 0
+
     def on_change(self, listener: Callable[[RouteTable], None]) -> None:
         """Call ``listener(table)`` after every swap (the gateway rebuilds pools from it)."""
         self._listeners.append(listener)

@@ -310,6 +310,7 @@ def test_with_redis_away_beats_go_to_the_database(fleet, settings, monkeypatch):
     {"queue_depth": True}, {"in_flight": 2**40}, {"capabilities_available": "a"},
     {"capabilities_available": [1]}, {"capabilities_available": [""]},
     {"capabilities_available": ["x" * 129]}, {"other": 1}, [], "x", 3,
+    {"capabilities_available": None},
 ])
 def test_the_door_accepts_only_what_the_view_accepts(body):
     parsed = heartbeat_door.parse(orjson.dumps(body))
@@ -319,6 +320,46 @@ def test_the_door_accepts_only_what_the_view_accepts(body):
     assert serializer.is_valid(), serializer.errors
     heartbeat = serializer.to_heartbeat()
     assert (heartbeat.load, heartbeat.capabilities_available) == parsed
+
+
+def test_a_repeated_key_is_left_to_the_view_which_refuses_it():
+    assert heartbeat_door.parse(b'{"cpu": 0.1, "cpu": 0.2}') is None
+    assert heartbeat_door.parse(b'{"cpu": 0.1, "memory": 0.2}') is not None
+    assert heartbeat_door.parse(b'{"capabilities_available": ["a:b"]}') is not None
+
+
+def test_beats_beyond_what_the_view_can_judge_at_once_get_503_at_once():
+    """Beats the view judges hold a database connection each: past the limit they are
+    answered 503 with Retry-After at once rather than queued into time-outs."""
+    release = asyncio.Event()
+    entered = 0
+
+    async def slow_view(scope, receive, send):
+        nonlocal entered
+        entered += 1
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    door = HeartbeatDoor(slow_view, view_concurrency=2)
+
+    async def go():
+        transport = httpx.ASGITransport(app=door)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            def beat():  # a tenant key: always the view's to judge
+                return client.post("/api/v1/instances/1/heartbeat", json={},
+                                   headers={"Authorization": "Bearer rk_tenant_key"})
+            held = [asyncio.ensure_future(beat()) for _ in range(2)]
+            while entered < 2:
+                await asyncio.sleep(0.01)
+            shed = await beat()
+            release.set()
+            return [r.status_code for r in await asyncio.gather(*held)], shed
+
+    held, shed = asyncio.run(go())
+    assert held == [200, 200]
+    assert shed.status_code == 503 and shed.json()["error"]["code"] == "overloaded"
+    assert 1 <= int(shed.headers["retry-after"]) <= 3
 
 
 def test_after_redis_forgets_the_sweep_reseeds_and_beats_stay_off_the_view(fleet):
