@@ -171,6 +171,9 @@ class Agent:
                    input_schema: dict | None = None, output_schema: dict | None = None,
                    timeout_ms: int | None = None, **extra) -> Callable:
         """Attach the decorated function as the handler of ``capability_id``."""
+        if self.protocol == "openai":
+            raise ValueError(_ONE_PROTOCOL)
+
         def attach(handler: Callable) -> Callable:
             streams = stream if stream is not None else (
                 inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler))
@@ -185,6 +188,24 @@ class Agent:
             spec["kind"] = "stream" if streams else ("async" if background else "sync")
             self.capabilities[capability_id] = Capability(
                 capability_id, handler, route, streams, background, spec)
+            return handler
+        return attach
+
+    def chat(self, capability_id: str, *, description: str = "", **extra) -> Callable:
+        """Attach the decorated function as an OpenAI-compatible chat endpoint
+        (``POST /v1/chat/completions``; the agent's protocol becomes ``openai``). It gets
+        the request's ``messages`` and the context, and returns the reply's text, or yields
+        it in pieces to stream (``"stream": true`` callers get chat-completion chunks)."""
+        if self.capabilities:
+            raise ValueError(_ONE_PROTOCOL)
+
+        def attach(handler: Callable) -> Callable:
+            self.protocol = "openai"
+            spec = {"id": capability_id, "path": "/v1/chat/completions", "kind": "stream",
+                    **({"description": description} if description else {}), **extra}
+            self.capabilities[capability_id] = Capability(
+                capability_id, handler, "/v1/chat/completions", True, False, spec)
+            self._chat = capability_id
             return handler
         return attach
 
@@ -242,10 +263,28 @@ class Agent:
         stop.wait()
         running.stop()
 
-    def _report(self, task_id: str, body: dict) -> None:
+    def _report(self, task_id: str, body: dict, *, patience_s: float = 10.0) -> None:
+        """Tell the platform about a task this agent holds. A report may overtake the
+        platform's record of the hand-over (the call that gave the agent the task is still
+        being recorded): the task is then not yet this agent's, and the report is sent
+        again for up to ``patience_s``."""
         if self._plane is None:
             raise RuntimeError("the agent is not registered")
-        self._plane.report(task_id, {k: v for k, v in body.items() if v is not None})
+        body = {k: v for k, v in body.items() if v is not None}
+        end = time.monotonic() + patience_s
+        while True:
+            try:
+                self._plane.report(task_id, body)
+                return
+            except ReachError as error:
+                if error.status != 404 or time.monotonic() >= end:
+                    raise
+            time.sleep(0.2)
+
+
+# The platform speaks one protocol to an agent (its descriptor's reach.protocol).
+_ONE_PROTOCOL = ("an agent with a chat endpoint speaks the OpenAI protocol only: give it no "
+                 "other capability (build a second Agent for those)")
 
 
 def _declared_path(declared: dict | None) -> str | None:
@@ -366,7 +405,10 @@ class RunningAgent:
         asyncio.set_event_loop(loop)
         app = web.Application(client_max_size=32 * 1024 * 1024)
         for capability in self.agent.capabilities.values():
-            app.router.add_post(capability.path, self._handler(capability))
+            handler = self._chat_handler(capability) if \
+                capability.path == "/v1/chat/completions" and self.agent.protocol == "openai" \
+                else self._handler(capability)
+            app.router.add_post(capability.path, handler)
         app.router.add_get("/healthz", _healthz)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         loop.run_until_complete(runner.setup())
@@ -482,6 +524,55 @@ class RunningAgent:
         await response.write_eof()
         return response
 
+    def _chat_handler(self, capability: Capability):
+        """OpenAI chat completions around a handler of ``messages``: the whole reply as one
+        completion, or (``stream``) a chunk per piece and ``[DONE]``."""
+        agent = self.agent
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                body = await request.json()
+            except ValueError:
+                return web.json_response({"error": {"message": "the body is not JSON"}},
+                                         status=400)
+            messages = body.get("messages") if isinstance(body, dict) else None
+            if not isinstance(messages, list):
+                return web.json_response({"error": {"message": "messages is required"}},
+                                         status=400)
+            ctx = _context(request, capability.capability_id, agent)
+            model, created = agent.name, int(time.time())
+            chunk_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+            if not body.get("stream"):
+                pieces = [str(p) async for p in _chunks(capability.handler, messages, ctx,
+                                                        self._pool)]
+                text = "".join(pieces)
+                return web.json_response({
+                    "id": chunk_id, "object": "chat.completion", "created": created,
+                    "model": model, "choices": [{"index": 0, "finish_reason": "stop",
+                                                 "message": {"role": "assistant",
+                                                             "content": text}}],
+                    "usage": {"prompt_tokens": sum(len(str(m.get("content", "")).split())
+                                                   for m in messages if isinstance(m, dict)),
+                              "completion_tokens": len(text.split()),
+                              "total_tokens": 0}})
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+
+            def chunk(delta: dict, finish: str | None) -> bytes:
+                return b"data: " + orjson.dumps({
+                    "id": chunk_id, "object": "chat.completion.chunk", "created": created,
+                    "model": model, "choices": [{"index": 0, "delta": delta,
+                                                 "finish_reason": finish}]}) + b"\n\n"
+
+            await response.write(chunk({"role": "assistant"}, None))
+            async for piece in _chunks(capability.handler, messages, ctx, self._pool):
+                await response.write(chunk({"content": str(piece)}, None))
+            await response.write(chunk({}, "stop") + b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+
+        return handle
+
     def _background(self, capability: Capability, body: dict, ctx: Context) -> None:
         """Run the handler after answering 202, and report its outcome to the platform."""
         async def run() -> None:
@@ -521,8 +612,14 @@ def _invoke(handler: Callable, body: dict, ctx: Context):
     return handler(body, ctx) if takes >= 2 else handler(body)
 
 
-async def _chunks(handler: Callable, body: dict, ctx: Context, pool: ThreadPoolExecutor):
+async def _chunks(handler: Callable, body, ctx: Context, pool: ThreadPoolExecutor):
+    """The pieces a handler produces: its generator's (sync or async) or its one answer."""
     produced = _invoke(handler, body, ctx)
+    if inspect.isawaitable(produced):
+        produced = await produced
+    if isinstance(produced, str | bytes | dict):
+        yield produced
+        return
     if inspect.isasyncgen(produced):
         async for chunk in produced:
             yield chunk

@@ -15,7 +15,8 @@ deregisters the service and stops. Config::
     service: http://127.0.0.1:9000      # the service itself
     health: /healthz                    # probed every probe_interval_s (default 2 s)
     reach: direct                       # or tunnel
-    agent:                              # the service as an agent (capability.yaml format)
+    agent:                              # the service as an agent (capability.yaml format,
+                                        # or a JSON descriptor: one with agent_id)
       name: legacy-ocr
       capabilities:
         - id: ocr.invoice
@@ -73,7 +74,8 @@ class SidecarConfig:
         if data.get("reach", "direct") not in ("direct", "tunnel"):
             problems.append("reach: direct or tunnel")
         agent = data.get("agent")
-        if agent is not None and (not isinstance(agent, dict) or not agent.get("name")):
+        if agent is not None and (not isinstance(agent, dict) or not (
+                agent.get("name") or agent.get("agent_id"))):
             problems.append("agent: a capability.yaml mapping with a name")
         if problems:
             raise SystemExit(f"{path}: " + "; ".join(problems))
@@ -99,8 +101,18 @@ class Sidecar:
         self.beats = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def descriptor(self) -> str:
+    def descriptor(self) -> str | dict:
+        """The service as an agent: its capability.yaml, or its JSON descriptor (one with
+        ``agent_id``), with where it is reached filled in."""
         document = dict(self.config.agent)
+        if "agent_id" in document:
+            reach = dict(document.get("reach") or {})
+            reach.pop("endpoint", None)
+            if self.config.reach == "tunnel":
+                reach.update(mode="tunnel", instance=self.instance_key)
+            else:
+                reach["endpoint"] = self.config.service + "/"
+            return {**document, "reach": reach}
         document.pop("endpoint", None)
         if self.config.reach == "tunnel":
             document["reach"] = {"mode": "tunnel", "instance": self.instance_key}
@@ -120,7 +132,8 @@ class Sidecar:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_until_complete, args=(self.tunnel.run(),),
                              name="sidecar-tunnel", daemon=True).start()
-        logger.info("registered %s (instance %s, %s)", self.config.agent["name"],
+        logger.info("registered %s (instance %s, %s)",
+                    self.config.agent.get("name") or self.config.agent.get("agent_id"),
                     self.registration.instance_id, self.config.reach)
         return self
 

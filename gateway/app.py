@@ -10,8 +10,8 @@ ASGI contract:
   metric label, and anything not in the table is one label, ``not_found``, so no
   caller can mint a time series. Every failure is the structured error of
   ``reach_core.errors``.
-- ``websocket``: refused with a close before accepting (the reverse tunnel will
-  live here), never a 500.
+- ``websocket``: ``/v1/tunnel`` is the reverse tunnel (``gateway.tunnel``); any other
+  path is refused with a close before accepting, never a 500.
 
 The app reads only the route table it is given: it never imports Django or the
 ORM. ``reach_platform.gateway_factory`` builds it from settings; tests build it

@@ -1,7 +1,7 @@
 """ASGI entry point: ``/v1/`` and ``/metrics`` go to the gateway (data plane), the rest
 to Django; ``lifespan`` goes to the gateway (it owns the background jobs and the
-upstream pools); ``websocket`` to the gateway, which refuses it cleanly until the
-reverse tunnel exists. Built by ``reach_platform.gateway_factory``.
+upstream pools); ``websocket`` to the gateway (the reverse tunnel at ``/v1/tunnel``; other
+paths are refused cleanly). Built by ``reach_platform.gateway_factory``.
 """
 
 from __future__ import annotations

@@ -88,29 +88,41 @@ def test_generated_secrets_stay_private_and_out_of_the_output(first_run):
         assert path.read_text().strip() not in output
 
 
-def _readme_block(heading_text: str) -> str:
-    """The first ```bash block after ``heading_text`` in the README."""
+def _readme_examples() -> str:
+    """Every ```bash block between the README's demo-examples markers, in order."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    after = readme[readme.index(heading_text):]
-    return after.split("```bash\n", 1)[1].split("```", 1)[0]
+    part = readme[readme.index("<!-- demo-examples -->"):readme.index("<!-- /demo-examples -->")]
+    return "\n".join(block.split("```", 1)[0] for block in part.split("```bash\n")[1:])
 
 
-def test_the_readme_gateway_examples_work_verbatim(first_run):
-    base, output, _ = first_run
-    key = _printed(output, r"API key for tenant 'demo': (rk_\S+)")
-    script = _readme_block("Call them\nthrough the gateway")
-    assert "127.0.0.1:8000" in script
+def test_the_readme_demo_examples_work_verbatim_in_order(first_run):
+    base, _, data_dir = first_run
+    log = data_dir.parent / "log"
+    # As the README says: once the run command prints "demo ready".
+    wait_for(lambda: "demo ready" in log.read_text(), timeout=60, interval=0.1,
+             message="the run command to announce the demo")
+    key = _printed(log.read_text(), r"API key for tenant 'demo': (rk_\S+)")
+    script = _readme_examples()
+    assert script.count("127.0.0.1:8000") >= 6 and "export KEY=rk_..." in script
     script = script.replace("127.0.0.1:8000", base.removeprefix("http://"))
     script = script.replace("export KEY=rk_...", f"export KEY={key}")
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True,
-                            text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+                            text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
                             env={**os.environ, "PATH": f"{Path(sys.executable).parent}:"
                                  + os.environ["PATH"]})
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert '"reply_content":"おはようございます"' in out  # the invoke example
+    assert '"reply_content":"おはようございます"' in out  # the sidecar's legacy translator
     assert out.count("chat.completion.chunk") > 3 and "data: [DONE]" in out  # streamed
-    assert "You said: Hi!" in out  # the openai SDK example
+    assert '"agent":"demo-summarizer"' in out and '"key_points":[' in out  # by intent
+    assert '"agent":"demo-vault"' in out and '"customer":"ACME Corp"' in out  # tunnel
+    assert "You said: Hi!" in out  # openai SDK, demo-chat
+    assert "You said: Tell me a story" in out  # openai SDK, streamed from demo-assistant
+    assert "demo-phrasebook {'translation': 'merci'" in out  # ReachClient.invoke
+    assert "You said: hello" in out  # ReachClient.stream
+    assert "no agent for that: no_capability" in out  # typed errors
+    assert "input-required - Which period" in out  # the async task asks ...
+    assert "completed {" in out and "'total_sales': 12840.5" in out  # ... and finishes
 
 
 def test_calls_are_metered_into_the_database_in_embedded_mode(first_run):

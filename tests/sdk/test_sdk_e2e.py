@@ -48,9 +48,30 @@ def sdk_agent(name: str = "sdk-agent") -> tuple[Agent, threading.Event]:
     return agent, release
 
 
+def sdk_chat_agent() -> Agent:
+    agent = Agent("sdk-chat", description="an OpenAI-compatible agent built with the SDK")
+
+    @agent.chat("sdk.chat", description="a chat that streams")
+    async def chat(messages, ctx):
+        for word in ("you", "said", messages[-1]["content"]):
+            yield word + " "
+
+    return agent
+
+
+def test_an_agent_speaks_one_protocol():
+    chat = sdk_chat_agent()
+    with pytest.raises(ValueError, match="OpenAI protocol only"):
+        chat.capability("sdk.other")
+    plain, _ = sdk_agent()
+    with pytest.raises(ValueError, match="OpenAI protocol only"):
+        plain.chat("sdk.chat")
+
+
 def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
     agent, _ = sdk_agent()
     running = agent.start(platform=platform.base, key=platform.manage_key, heartbeat_s=0.5)
+    chatting = sdk_chat_agent().start(platform=platform.base, key=platform.manage_key)
     try:
         wait_for(lambda: running.beats >= 2, timeout=10, message="two heartbeats")
         with ReachClient(platform.base, platform.key) as reach:
@@ -72,8 +93,23 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
         import asyncio
 
         async_reply, async_words = asyncio.run(twin())
+        from openai import OpenAI
+
+        openai = OpenAI(base_url=f"{platform.base}/v1", api_key=platform.key, max_retries=0)
+        wait_for(lambda: httpx.get(f"{platform.base}/v1/route", params={
+            "capability": "sdk.chat"}, headers={"Authorization": f"Bearer {platform.key}"}
+        ).status_code == 200, timeout=10, message="the gateway to route to sdk-chat")
+        chat = openai.chat.completions.create(
+            model="sdk-chat", messages=[{"role": "user", "content": "hi"}])
+        chat_stream = [c.choices[0].delta.content for c in openai.chat.completions.create(
+            model="sdk-chat", stream=True, messages=[{"role": "user", "content": "yo"}])
+            if c.choices and c.choices[0].delta.content]
     finally:
         running.stop()
+        chatting.stop()
+
+    assert chat.choices[0].message.content == "you said hi "  # an @agent.chat handler
+    assert chat_stream == ["you ", "said ", "yo "]  # ... streamed chunk by chunk
 
     assert reply["output"]["echo"] == {"x": 1} and reply["agent"] == "sdk-agent"
     assert reply["output"]["idempotency_key"] == "sdk-1"

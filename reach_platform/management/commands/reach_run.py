@@ -31,6 +31,10 @@ class Command(BaseCommand):
             "--no-demo", action="store_true", help="Do not create or refresh the demo tenant."
         )
 
+    def _announce(self, line: str) -> None:
+        self.stdout.write(line + "\n")
+        self.stdout.flush()
+
     def handle(self, *args, host: str, port: int, no_demo: bool, **options):
         import uvicorn
 
@@ -49,18 +53,28 @@ class Command(BaseCommand):
         ]
         jobs = {}
         stop_agents = None
+        fleet = None
         if not no_demo:
-            from reach_platform.demo_agents import run_in_thread
+            from reach_platform.demo_agents import CHAT_AGENT_ID, run_in_thread
+            from reach_platform.demo_sdk import DemoFleet
 
             access = demo_setup()
             agents, stop_agents = run_in_thread(host)
-            instances = demo_agents_register(tenant=access.tenant, agents=agents)
+            chat = [a for a in agents if a.name == CHAT_AGENT_ID]
+            legacy = next(a for a in agents if a.name != CHAT_AGENT_ID)
+            # demo-chat stands for a third-party OpenAI-compatible endpoint: registered by
+            # descriptor, kept alive here. Every other demo agent registers itself.
+            instances = demo_agents_register(tenant=access.tenant, agents=chat)
             jobs["demo.heartbeat"] = (10.0, lambda: demo_heartbeat(instances))
+            fleet = DemoFleet(base, access.api_key, legacy, announce=self._announce).start()
             lines += [
                 f"  admin login: {access.admin_username} / {access.admin_password}",
                 f"  API key for tenant '{access.tenant.slug}': {access.api_key}",
                 "  (both are new on every start; earlier demo keys are revoked)",
-                *(f"  demo agent {a.name} on {a.base_url}" for a in agents),
+                f"  demo agent {chat[0].name} on {chat[0].base_url} (OpenAI-compatible)",
+                f"  demo agent {legacy.name} on {legacy.base_url} (behind reach-sidecar)",
+                "  demo agents built with the SDK: demo-phrasebook, demo-summarizer, "
+                "demo-assistant, demo-reporter, demo-vault (tunnel only)",
             ]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
@@ -88,6 +102,8 @@ class Command(BaseCommand):
                 lifespan="on", proxy_headers=False,
             )
         finally:
+            if fleet is not None:
+                fleet.stop()
             scheduler.stop()
             if stop_agents is not None:
                 stop_agents()
