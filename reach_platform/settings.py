@@ -153,7 +153,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # A receive blocks on Redis for up to 5 s (channels-redis' BZPOPMIN): the
+            # socket must wait longer, or every idle receive ends in a TimeoutError.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15,
+                                  "socket_connect_timeout": 2}]},
         }
     }
 else:
