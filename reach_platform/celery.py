@@ -9,8 +9,11 @@ functions instead (``reach_platform.scheduler``).
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "reach_platform.settings")
 
@@ -32,3 +35,24 @@ PERIODIC = {
 app.conf.beat_schedule = {
     name: {"task": name, "schedule": period} for name, period in PERIODIC.items()
 }
+
+
+def _exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """Exit this process once ``parent`` is gone (we are re-parented)."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os._exit(0)
+
+
+def _follow_the_parent() -> None:
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),),
+                     name="follows-its-worker", daemon=True).start()
+
+
+@worker_init.connect
+def _children_follow_the_worker(**_) -> None:
+    """``worker -B`` runs beat as a forked child, which outlives a worker killed with
+    SIGKILL: restarted workers then each add a beat, and the extra beats flood the queue
+    with periodic jobs until sweeps and callbacks fall minutes behind. Every child forked
+    from here leaves once its worker is gone (set at the fork, so no start-up window)."""
+    os.register_at_fork(after_in_child=_follow_the_parent)
