@@ -56,6 +56,9 @@ def invoke(request: Request, *, internal: bool) -> Call:
     if not isinstance(secret, str) or not secret:
         raise ReachError("invalid_input", "'callback_secret' must name a signing secret.",
                          details={"callback_secret": ["must be a name"]})
+    if "callback_secret" in body and not callback_url:
+        raise ReachError("invalid_input", "'callback_secret' signs callbacks: it needs a "
+                         "'callback_url'.", details={"callback_secret": ["needs callback_url"]})
     call_body = {k: v for k, v in body.items() if k not in _ASYNC_FIELDS}
     call = invoke_call(call_body, request.key.tenant_pk, namespace=namespace,
                        internal=internal)

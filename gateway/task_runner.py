@@ -17,6 +17,7 @@ from gateway.calls import CallContext
 from gateway.doors import agent_response, invoke_call
 from gateway.pipeline import Pipeline
 from gateway.tasks import (
+    NOT_REACHED,
     RETRY_LATER,
     TaskClaim,
     TaskOutcome,
@@ -43,9 +44,9 @@ class TaskRunner:
         table = self._table()
         tenant = table.tenants.get(claim.tenant_pk)
         if tenant is None:  # a tenant newer than this worker's table: it is on its way
-            return TaskOutcome(state=TaskState.FAILED, retry_after_s=2.0, error={
-                "code": "service_unavailable",
-                "message": "this worker's route table does not know the tenant yet"})
+            return TaskOutcome(state=TaskState.FAILED, retry_after_s=2.0, reached_agent=False,
+                               error={"code": "service_unavailable", "message": "this "
+                                      "worker's route table does not know the tenant yet"})
         if not tenant.is_active:
             return TaskOutcome(state=TaskState.FAILED, error={
                 "code": "forbidden", "message": "The task's tenant is not active."})
@@ -67,7 +68,10 @@ class TaskRunner:
                 state=TaskState.FAILED, error={"code": error.code, "message": error.message},
                 capability=chosen.capability.capability_id if chosen else "",
                 retry_after_s=retry_after(error, claim.attempt) if error.code in RETRY_LATER
-                else None)
+                else None,
+                # A refusal after a first try that failed (the retry found the breaker
+                # open) still called an agent once.
+                reached_agent=error.code not in NOT_REACHED or len(ctx.attempts) > 1)
         reply, chosen = result.reply, result.candidate
         state = outcome_of_state(reply.state)
         error = None

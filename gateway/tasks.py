@@ -89,6 +89,9 @@ class TaskOutcome:
     agent_task_id: str = ""
     agent_context_id: str = ""
     retry_after_s: float | None = None
+    # False when the failure came before any agent was called (no healthy instance, an
+    # open breaker, a limit): such a try is not one of the task's attempts.
+    reached_agent: bool = True
 
 
 class TaskStore(Protocol):
@@ -151,7 +154,8 @@ class TaskDoors:
     async def list(self, tenant_pk: int, query: dict) -> dict:
         state = query.get("state")
         if state is not None and state not in TASK_STATES:
-            raise ReachError("invalid_input", f"'state' must be one of {sorted(TASK_STATES)}.",
+            raise ReachError("invalid_input", "'state' must be one of "
+                             f"{', '.join(sorted(str(s) for s in TASK_STATES))}.",
                              details={"state": ["not a task state"]})
         limit = _bounded_int(query, "limit", 100, 1, MAX_PAGE)
         offset = _bounded_int(query, "offset", 0, 0, 10**9)
@@ -247,6 +251,12 @@ RETRY_LATER = frozenset({"no_healthy_instance", "circuit_open", "rate_limited", 
                          "overloaded", "service_unavailable", "idempotency_unavailable",
                          "upstream_error", "upstream_timeout"})
 RETRY_CAP_S = 60.0
+# Refusals made before any agent is called (or by an agent that took no work): retried
+# until the task's deadline without using up its attempts. A breaker open for 30 s must
+# not fail every task queued behind it.
+NOT_REACHED = frozenset({"no_healthy_instance", "circuit_open", "rate_limited",
+                         "upstream_busy", "overloaded", "service_unavailable",
+                         "idempotency_unavailable"})
 
 
 @dataclass(frozen=True)

@@ -111,4 +111,4 @@ class DjangoTaskStore:
                 agent_id=outcome.agent_pk, instance_id=outcome.instance_pk,
                 agent_task_id=outcome.agent_task_id,
                 agent_context_id=outcome.agent_context_id,
-                retry_after_s=outcome.retry_after_s)))
+                retry_after_s=outcome.retry_after_s, reached_agent=outcome.reached_agent)))

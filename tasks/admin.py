@@ -35,6 +35,7 @@ class TaskEventInline(admin.TabularInline):
 
 class CallbackDeliveryInline(admin.TabularInline):
     model = CallbackDelivery
+    verbose_name_plural = "callback deliveries"
     fields = ["id", "state", "status", "attempts", "last_status", "last_error",
               "next_attempt_at", "delivered_at"]
     readonly_fields = fields

@@ -31,9 +31,10 @@ def delivery_view(delivery: CallbackDelivery) -> dict:
             "delivered_at": _time(delivery.delivered_at)}
 
 
-def task_view(task: Task, *, history: bool = True) -> dict:
+def task_view(task: Task, *, history: bool = True, for_agent: bool = False) -> dict:
     """The task as a caller sees it. The callback URL is the caller's own; the signing
-    secret is named, never shown."""
+    secret is named, never shown. The agent holding the task (``for_agent``, perhaps
+    another tenant's public agent) does not see the caller's callback."""
     view = {
         "id": str(task.pk), "state": task.state, "request_id": task.request_id,
         "idempotency_key": task.idempotency_key, "capability": task.capability or None,
@@ -45,7 +46,7 @@ def task_view(task: Task, *, history: bool = True) -> dict:
     }
     if history:
         view["history"] = [event_view(e) for e in task.events.all()]
-    if task.callback_url:
+    if task.callback_url and not for_agent:
         view["callback"] = {
             "url": task.callback_url,
             "signing_secret": task.signing_secret.name if task.signing_secret else None,

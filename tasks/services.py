@@ -17,7 +17,7 @@ import logging
 import random
 import secrets
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -33,6 +33,51 @@ from tenants import crypto
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 4000
+
+
+# ---- what a task row can hold ---------------------------------------------------------
+# PostgreSQL's text and jsonb refuse U+0000. A caller's NUL is refused with a 400 (not a
+# database error retried forever); an agent's answer is kept, each NUL made U+FFFD, since
+# refusing it would lose work the agent has done and run it again.
+
+
+def nul_at(value, path: str = "") -> str | None:
+    """The path of the first U+0000 in ``value`` (JSON data), or None."""
+    if isinstance(value, str):
+        return path or "value" if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = nul_at(key, f"{path}(key)") or nul_at(item, f"{path}.{key}" if path
+                                                      else str(key))
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = nul_at(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def without_nul(value):
+    """``value`` with every U+0000 in its strings (and keys) made U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(item) for item in value]
+    return value
+
+
+def _refuse_nul(**fields) -> None:
+    for name, value in fields.items():
+        found = nul_at(value)
+        if found:
+            where = name if found == "value" else f"{name}: {found}"
+            raise TaskRefused("invalid_input", f"{where} contains U+0000 (\\u0000), which an "
+                              "asynchronous task cannot store; remove it or send the call "
+                              "synchronously.")
 
 
 class TaskRefused(Exception):
@@ -92,6 +137,10 @@ def task_submit(*, submission: Submission, now: dt.datetime | None = None
     already used by this tenant the earlier task is returned, or ``idempotency_key_reused``
     raised if it was submitted with another body. Rings the workers' doorbell."""
     now = now or timezone.now()
+    _refuse_nul(input=submission.request.get("body"), request=submission.request,
+                idempotency_key=submission.idempotency_key,
+                callback_url=submission.callback_url,
+                callback_secret=submission.signing_secret)
     secret = None
     if submission.callback_url:
         secret = SigningSecret.objects.filter(tenant_id=submission.tenant_id,
@@ -174,8 +223,9 @@ def task_renew(*, worker: str, ids: list, now: dt.datetime | None = None) -> int
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one attempt ended. ``retry_after_s``: nothing reached an agent and the failure
-    may pass (no healthy instance, a limit): run the task again that much later."""
+    """How one attempt ended. ``retry_after_s``: the failure may pass (no healthy
+    instance, a limit, an agent's error): run the task again that much later, while
+    attempts are left; a try that called no agent (``reached_agent`` False) uses none."""
 
     state: str
     result: dict | None = None
@@ -187,6 +237,7 @@ class Outcome:
     agent_task_id: str = ""
     agent_context_id: str = ""
     retry_after_s: float | None = None
+    reached_agent: bool = True  # False: no agent was called, the try is not an attempt
     extra: dict = field(default_factory=dict)
 
 
@@ -196,6 +247,10 @@ def task_finish(*, task_id, claim: str, outcome: Outcome, now: dt.datetime | Non
     was cancelled, or its lease lapsed and it was handed on): the attempt's result is then
     not the task's."""
     now = now or timezone.now()
+    outcome = replace(outcome, result=without_nul(outcome.result),
+                      error=without_nul(outcome.error), message=without_nul(outcome.message),
+                      agent_task_id=without_nul(outcome.agent_task_id),
+                      agent_context_id=without_nul(outcome.agent_context_id))
     with transaction.atomic():
         held = Task.objects.select_for_update().filter(
             pk=task_id, state=TaskState.WORKING, claim=claim).first()
@@ -207,7 +262,10 @@ def task_finish(*, task_id, claim: str, outcome: Outcome, now: dt.datetime | Non
         held.agent_task_id = outcome.agent_task_id or held.agent_task_id
         held.agent_context_id = outcome.agent_context_id or held.agent_context_id
         held.claim, held.lease_expires_at = "", None
-        if outcome.retry_after_s is not None and held.attempts < settings.TASK_MAX_ATTEMPTS:
+        if outcome.retry_after_s is not None and (
+                not outcome.reached_agent or held.attempts < settings.TASK_MAX_ATTEMPTS):
+            if not outcome.reached_agent:  # the task's deadline bounds these retries
+                held.attempts = max(0, held.attempts - 1)
             held.state = TaskState.SUBMITTED
             held.run_after = now + dt.timedelta(seconds=outcome.retry_after_s)
             held.error = outcome.error
@@ -261,6 +319,7 @@ def task_continue(*, task: Task, message: dict, now: dt.datetime | None = None) 
     """The caller's answer to an agent that asked for input: the task goes on, with the
     same instance while it is alive."""
     now = now or timezone.now()
+    _refuse_nul(input=message.get("input"))
     with transaction.atomic():
         locked = Task.objects.select_for_update().get(pk=task.pk)
         if locked.state not in INTERRUPTED_TASK_STATES:
@@ -296,6 +355,8 @@ def task_report(*, task: Task, agent_id: int, report: Report,
     """Record ``report`` from the agent that holds ``task``. A task in a final state takes
     no report (409); another agent's report is refused (404: it does not see the task)."""
     now = now or timezone.now()
+    report = replace(report, message=without_nul(report.message),
+                     output=without_nul(report.output), error=without_nul(report.error))
     if report.state not in REPORTABLE:
         raise TaskRefused("invalid_input", f"'state' must be one of {sorted(REPORTABLE)}.")
     with transaction.atomic():

@@ -70,7 +70,9 @@ class TaskSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def to_representation(self, instance: Task) -> dict:
-        return task_view(instance)
+        view = self.context.get("view")
+        principal = getattr(view, "principal", None)
+        return task_view(instance, for_agent=getattr(principal, "agent_pk", None) is not None)
 
 
 class TaskReportSerializer(serializers.Serializer):

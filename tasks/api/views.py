@@ -23,6 +23,7 @@ from tasks.api.serializers import (
     TaskReportSerializer,
     TaskSerializer,
 )
+from tasks.choices import TaskState
 from tasks.models import SigningSecret, Task
 from tasks.selectors import task_view
 from tasks.services import (
@@ -58,6 +59,9 @@ class TaskViewSet(TenantScopedReadOnlyViewSet):
     def get_queryset(self):
         rows = super().get_queryset()
         state = self.request.query_params.get("state")
+        if state and state not in TaskState.values:
+            raise exceptions.ValidationError(
+                {"state": [f"not a task state: one of {', '.join(TaskState.values)}"]})
         return rows.filter(state=state) if state else rows
 
     @extend_schema(parameters=[OpenApiParameter("state", str, description="Only tasks in "
@@ -84,7 +88,7 @@ class TaskViewSet(TenantScopedReadOnlyViewSet):
         except TaskRefused as refused:
             raise _refused(refused) from None
         return Response(task_view(Task.objects.select_related(
-            "agent", "signing_secret").get(pk=task.pk)))
+            "agent", "signing_secret").get(pk=task.pk), for_agent=True))
 
     @extend_schema(request=None, responses={200: TaskSerializer})
     @action(detail=True, methods=["post"])

@@ -70,8 +70,9 @@ def test_stopping_the_server_closes_every_upstream_session(gateway, tmp_path):
     # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully.
     assert code in (0, -signal.SIGTERM), log
     assert "Application shutdown complete" in log, log
-    # Both agents' sessions (the scripted agent, the demo translator) were closed.
-    assert "upstream sessions closed" in log and " 2 upstream sessions closed" in log, log
+    # Both agents were called through one shared session (one per keep-alive setting),
+    # and it was closed: aiohttp would warn of an unclosed one under -X dev.
+    assert " 1 upstream sessions closed" in log, log
     assert UNCLOSED not in log and "Traceback" not in log, log
     # The WebSocket route is refused cleanly (the tunnel is not served yet), not a 500.
     assert upgrade.startswith(b"HTTP/1.1 403"), upgrade

@@ -155,7 +155,7 @@ def test_a_transient_failure_runs_the_task_again_later_until_attempts_run_out():
     tenant = factories.tenant()
     task_submit(submission=submission(tenant), now=NOW)
     (claimed,) = task_claim(worker="w", limit=1, now=NOW)
-    error = {"code": "no_healthy_instance", "message": "none"}
+    error = {"code": "upstream_timeout", "message": "the agent took too long"}
     task_finish(task_id=claimed.task.pk, claim=claimed.claim, now=NOW,
                 outcome=Outcome(state="failed", error=error, retry_after_s=4))
     assert task_claim(worker="w", limit=1, now=NOW + dt.timedelta(seconds=3)) == []
@@ -164,7 +164,49 @@ def test_a_transient_failure_runs_the_task_again_later_until_attempts_run_out():
     task_finish(task_id=again.task.pk, claim=again.claim, now=NOW,
                 outcome=Outcome(state="failed", error=error, retry_after_s=4))
     task = Task.objects.get(pk=again.task.pk)
-    assert (task.state, task.error["code"]) == ("failed", "no_healthy_instance")
+    assert (task.state, task.error["code"]) == ("failed", "upstream_timeout")
+
+
+@pytest.mark.django_db
+def test_a_try_that_called_no_agent_uses_no_attempt_and_waits_for_the_deadline():
+    """A breaker open longer than the attempts' backoff must not fail the tasks behind it."""
+    tenant = factories.tenant()
+    task_submit(submission=submission(tenant), now=NOW)
+    refused = {"code": "circuit_open", "message": "the breaker is open"}
+    at = NOW
+    for _ in range(settings.TASK_MAX_ATTEMPTS * 3):
+        (claimed,) = task_claim(worker="w", limit=1, now=at)
+        task_finish(task_id=claimed.task.pk, claim=claimed.claim, now=at,
+                    outcome=Outcome(state="failed", error=refused, retry_after_s=2,
+                                    reached_agent=False))
+        at += dt.timedelta(seconds=2)
+    task = Task.objects.get(pk=claimed.task.pk)
+    assert (task.state, task.attempts) == ("submitted", 0)
+    (claimed,) = task_claim(worker="w", limit=1, now=at)
+    task_finish(task_id=claimed.task.pk, claim=claimed.claim, now=at,
+                outcome=Outcome(state="completed", result={"output": {"ok": True}}))
+    assert Task.objects.get(pk=claimed.task.pk).state == "completed"
+
+
+@needs_postgres
+@pytest.mark.django_db
+def test_a_nul_from_the_caller_is_a_400_and_one_from_the_agent_is_kept_replaced():
+    """PostgreSQL stores no U+0000: the caller hears why; the agent's work is not lost."""
+    tenant = factories.tenant()
+    bad = Submission(**{**submission(tenant).__dict__,
+                        "request": {"body": {"capability": "c", "input": {"t": "a\x00b"}}}})
+    with pytest.raises(TaskRefused) as refused:
+        task_submit(submission=bad)
+    with pytest.raises(TaskRefused, match="idempotency_key contains U"):
+        task_submit(submission=submission(tenant, idempotency_key="k\x00"))
+    task_submit(submission=submission(tenant), now=NOW)
+    (claimed,) = task_claim(worker="w", limit=1, now=NOW)
+    task_finish(task_id=claimed.task.pk, claim=claimed.claim, now=NOW, outcome=Outcome(
+        state="completed", result={"output": {"t\x00": ["x\x00y"]}}, message="m\x00"))
+    task = Task.objects.get(pk=claimed.task.pk)
+    assert refused.value.code == "invalid_input" and "input: input.t" in refused.value.message
+    assert task.state == "completed" and task.attempts == 1
+    assert task.result == {"output": {"t\ufffd": ["x\ufffdy"]}} and task.message == "m\ufffd"
 
 
 @pytest.mark.django_db

@@ -122,6 +122,7 @@ def test_a_long_running_agent_reports_its_task_through_the_status_api(platform):
         as_manager = client.post(path, json={"state": "completed"},
                                  headers={"Authorization": f"Bearer {platform.manage_key}"})
         agent = {"Authorization": f"Bearer {platform.agent_token}"}
+        as_agent = client.get(f"/api/v1/tasks/{task_id}/", headers=agent)
         progress = client.post(path, json={"state": "working", "progress": 0.5,
                                            "message": "half way"}, headers=agent)
         done = client.post(path, json={"state": "completed", "output": {"pages": 3}},
@@ -133,6 +134,10 @@ def test_a_long_running_agent_reports_its_task_through_the_status_api(platform):
                  timeout=20, message="the callback to be delivered")
 
     assert held["agent"] == "task-agent"
+    # The agent reads the task it holds, not the caller's callback (it may be another
+    # tenant's public agent).
+    assert as_agent.status_code == 200 and as_agent.json()["id"] == task_id
+    assert "callback" not in as_agent.json() and "callback" not in progress.json()
     assert as_manager.status_code == 403
     assert progress.status_code == 200 and progress.json()["progress"] == 0.5
     assert done.status_code == 200
@@ -294,10 +299,15 @@ def test_tasks_are_the_tenants_own_and_bad_requests_are_clear(platform):
             "stream": platform.submit(client, "work.do", {}, stream=True),
             "secret": platform.submit(client, "work.do", {}, callback_url="http://127.0.0.1:9/",
                                       callback_secret="nope"),
+            "secret alone": platform.submit(client, "work.do", {}, callback_secret="default"),
+            "nul": platform.submit(client, "work.do", {"text": "a\x00b"}),
             "capability": platform.submit(client, "no.such", {}),
             "sync callback": client.post("/v1/invoke", json={
                 "capability": "work.do", "input": {}, "callback_url": "http://127.0.0.1:9/"}),
             "state filter": client.get("/v1/tasks", params={"state": "done"}),
+            "API state filter": client.get("/api/v1/tasks/", params={"state": "done"},
+                                           headers={"Authorization":
+                                                    f"Bearer {platform.manage_key}"}),
             "limit": client.get("/v1/tasks", params={"limit": "0"}),
         }
         missing = [client.get("/v1/tasks/00000000-0000-0000-0000-000000000000"),
@@ -314,7 +324,9 @@ def test_tasks_are_the_tenants_own_and_bad_requests_are_clear(platform):
     for name, reply in bad.items():
         expected = 404 if name == "capability" else 400
         assert reply.status_code == expected, (name, reply.text)
-        assert reply.json()["error"]["code"] in ("invalid_input", "no_capability"), name
+        assert reply.json()["error"]["code"] in ("invalid_input", "no_capability",
+                                                 "validation_error"), name
+    assert "Task" not in bad["state filter"].json()["error"]["message"]  # no enum reprs
     assert [r.status_code for r in missing] == [404, 404, 404]
     assert wrong_method.status_code == 405
 
