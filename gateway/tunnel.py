@@ -55,6 +55,11 @@ PONG_TIMEOUT_S = 5.0
 DIRECTORY_TTL_S = 30.0
 PRESENCE_S = 1.0  # how often a gateway learns which tunnels the others hold
 # Close codes (4000-4999 are the application's).
+# One prefix for every relay channel of a process (its inbox and each call's replies):
+# channels-redis serves all of a process's channels under one lock, receiving on the
+# prefix's shared Redis list and sorting messages out to each channel. Channels under
+# two prefixes would wait on each other's blocking reads.
+RELAY_PREFIX = "tunnel"
 CLOSE_TOO_BIG = 1009
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -336,7 +341,7 @@ class TunnelHub:
         """Background job: keep the directory's records of this process's tunnels alive,
         learn the others' (every few seconds), and serve relayed calls."""
         if self._relay is not None:
-            self.channel = await self._relay.new_channel("tunnel.")
+            self.channel = await self._relay.new_channel(RELAY_PREFIX)
             await asyncio.gather(self._refresh_forever(), _restarting(self._serve_relayed))
         else:
             await self._refresh_forever()
@@ -464,7 +469,7 @@ class TunnelHub:
 
     async def _relayed(self, holder: str, instance_pk: int, method: str, path: str,
                        headers: dict, body: bytes) -> _Stream:
-        reply = await self._relay.new_channel("tunnel.reply.")
+        reply = await self._relay.new_channel(RELAY_PREFIX)
         call = uuid.uuid4().hex
         closed = False
 

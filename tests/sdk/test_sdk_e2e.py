@@ -223,6 +223,14 @@ def test_a_tunnelled_agent_is_reached_through_either_gateway_and_after_a_restart
                     replies[gateway.base] = (
                         reach.invoke("sdk.echo", input={"via": gateway.base}),
                         list(reach.stream("sdk.words", input={"text": "over the tunnel"})))
+            # Many relayed at once (the second gateway does not hold the tunnel).
+            with ReachClient(second.base, platform.key) as reach, \
+                    concurrent.futures.ThreadPoolExecutor(10) as pool:
+                def timed(n: int) -> tuple[dict, float]:
+                    started = time.monotonic()
+                    reply = reach.invoke("sdk.echo", input={"n": n}, timeout=20)
+                    return reply, time.monotonic() - started
+                burst = list(pool.map(timed, range(20)))
             first.stop()
             first.start()
             back = time.monotonic()
@@ -239,6 +247,12 @@ def test_a_tunnelled_agent_is_reached_through_either_gateway_and_after_a_restart
         assert reply["output"]["echo"] == {"via": base}
         assert words == [{"text": "over"}, {"text": "the"}, {"text": "tunnel"}]
     assert reachable_after <= 5.0, reachable_after
+    assert [r["output"]["echo"] for r, _ in burst] == [{"n": n} for n in range(20)]
+    # Relayed calls waited on one another's Redis reads (5 s each) once: a wide margin
+    # over the milliseconds a relay takes, far under that stall.
+    assert max(took for _, took in burst) < 4.0, [round(t, 2) for _, t in burst]
+    for gateway in (first, second):
+        assert "tunnel relay failed" not in gateway.log.read_text()
 
 
 def test_kill_9_of_a_tunnelled_agent_mid_call_gives_the_caller_an_error_at_once(platform):
