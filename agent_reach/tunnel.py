@@ -5,7 +5,7 @@ brings calls to a service that listens on no public port.
 sending it on to ``target`` (the agent's own server on a Unix socket, or a sidecar's
 service URL) and streams the answer back in frames, within the credit the gateway grants.
 It pings the gateway every 20 s (a silent gateway is dropped after 5 s), and reconnects
-after any loss with exponential backoff and jitter (0.2 s doubling to 5 s). The frame
+after any loss with exponential backoff and jitter (0.2 s doubling to 2 s). The frame
 format is in ``gateway/tunnel.py``.
 """
 
@@ -28,7 +28,8 @@ MAX_FRAME = 4 * 1024 * 1024
 FRAME_DATA = 64 * 1024  # the largest part of a body one frame carries
 PING_S = 20.0
 PONG_TIMEOUT_S = 5.0
-BACKOFF_S = (0.2, 5.0)
+# Capped low: a restarted gateway is found again within a couple of seconds.
+BACKOFF_S = (0.2, 2.0)
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host",
               "content-length"}
 

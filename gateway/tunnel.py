@@ -52,7 +52,12 @@ MAX_FRAME = 4 * 1024 * 1024
 WINDOW = 256 * 1024
 PING_S = 20.0
 PONG_TIMEOUT_S = 5.0
-DIRECTORY_TTL_S = 30.0
+# A holder renews its records every second; a gateway killed outright stops being the
+# holder (and its tunnels stop being routable) this long after.
+DIRECTORY_TTL_S = 3.0
+# How long a relayed call waits for the holding gateway to take it: a dead holder is a
+# quick 502, not a wait for the caller's whole deadline.
+RELAY_ACK_S = 2.0
 PRESENCE_S = 1.0  # how often a gateway learns which tunnels the others hold
 # Close codes (4000-4999 are the application's).
 # One prefix for every relay channel of a process (its inbox and each call's replies):
@@ -268,6 +273,9 @@ class LocalDirectory:
     async def claim(self, instance_pk: int, holder: str) -> None:
         return None
 
+    async def claim_many(self, instance_pks: list[int], holder: str) -> None:
+        return None
+
     async def release(self, instance_pk: int, holder: str) -> None:
         return None
 
@@ -291,9 +299,17 @@ class RedisDirectory:
         self._clock = clock
 
     async def claim(self, instance_pk: int, holder: str) -> None:
+        await self.claim_many([instance_pk], holder)
+
+    async def claim_many(self, instance_pks: list[int], holder: str) -> None:
+        """Renew the records of ``instance_pks`` (one round trip however many)."""
+        if not instance_pks:
+            return
         pipe = self._client.pipeline(transaction=False)
-        pipe.set(f"{self._prefix}{instance_pk}", holder, ex=int(DIRECTORY_TTL_S))
-        pipe.zadd(self._all, {str(instance_pk): self._clock() + DIRECTORY_TTL_S})
+        for pk in instance_pks:
+            pipe.set(f"{self._prefix}{pk}", holder, px=int(DIRECTORY_TTL_S * 1000))
+        lapses = self._clock() + DIRECTORY_TTL_S
+        pipe.zadd(self._all, {str(pk): lapses for pk in instance_pks})
         await pipe.execute()
 
     async def release(self, instance_pk: int, holder: str) -> None:
@@ -347,13 +363,11 @@ class TunnelHub:
             await self._refresh_forever()
 
     async def _refresh_forever(self) -> None:
-        """Every second: the tunnels held anywhere (for routing); every fifth, this
-        process's own records renewed."""
-        for tick in itertools.count():
+        """Every second: this process's own records renewed, and the tunnels held
+        anywhere learnt (for routing)."""
+        while True:
             try:
-                if tick % 5 == 0:
-                    for pk in list(self.local):
-                        await self.directory.claim(pk, self._holder())
+                await self.directory.claim_many(list(self.local), self._holder())
                 self._present = await self.directory.present()
             except Exception as exc:  # Redis away: local tunnels still serve
                 logger.warning("tunnel directory refresh failed (%s)", type(exc).__name__)
@@ -485,6 +499,12 @@ class TunnelHub:
 
         async def pump() -> None:
             try:
+                try:
+                    await asyncio.wait_for(self._relay.receive(reply), RELAY_ACK_S)
+                except TimeoutError:
+                    stream.fail(TunnelDown("the gateway holding the tunnel did not take "
+                                           "the call"))
+                    return
                 while not closed:
                     message = await self._relay.receive(reply)
                     kind = message.get("type")
@@ -539,6 +559,7 @@ class TunnelHub:
                                            "message": "the tunnel moved or closed"})
             return
         try:
+            await self._relay.send(reply, {"type": "tunnel.accepted"})
             _, stream = await local.request(message["method"], message["path"],
                                             message["headers"], message["body"])
             calls[call] = stream

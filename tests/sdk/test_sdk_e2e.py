@@ -255,6 +255,46 @@ def test_a_tunnelled_agent_is_reached_through_either_gateway_and_after_a_restart
         assert "tunnel relay failed" not in gateway.log.read_text()
 
 
+def test_a_gateway_killed_while_holding_a_tunnel_is_noticed_in_seconds(platform, tmp_path):
+    """kill -9 of the holding gateway: the others stop routing to the tunnel within a few
+    seconds (a call meanwhile fails fast, it does not wait out its deadline), and the
+    tunnel is back within 5 s of the gateway's restart."""
+    first = GatewayProcess(tmp_path, "gateway-1").start()
+    second = GatewayProcess(tmp_path, "gateway-2").start()
+    try:
+        with sdk_agent_process(platform.base, platform.manage_key, "tunnel",
+                               gateway=first.base) as _agent, \
+                ReachClient(second.base, platform.key) as reach:
+            wait_for(lambda: answers(reach, "sdk.echo"), timeout=15, message="the relay")
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait(timeout=10)
+            killed = time.monotonic()
+            during = _quietly(reach.invoke, "sdk.echo", input={}, timeout=20)
+            failed_in = time.monotonic() - killed
+
+            def dropped() -> bool:
+                dry = httpx.get(f"{second.base}/v1/route", params={"capability": "sdk.echo"},
+                                headers=reach._auth).json()
+                return any(d.get("reason") == "tunnel_down"
+                           for d in dry.get("route", dry).get("dropped", []))
+            wait_for(dropped, timeout=15, interval=0.1, message="the tunnel to be down")
+            down_in = time.monotonic() - killed
+            first.start()
+            back = time.monotonic()
+            wait_for(lambda: not isinstance(
+                _quietly(reach.invoke, "sdk.echo", input={}, timeout=3), ReachError),
+                timeout=15, interval=0.1, message="the tunnel to be back")
+            back_in = time.monotonic() - back
+    finally:
+        first.stop()
+        second.stop()
+
+    assert isinstance(during, ReachError) and during.status in (502, 503), during
+    assert failed_in <= 5.0, failed_in
+    assert down_in <= 6.0, down_in  # the holder's records lapse 3 s after its last renewal
+    assert back_in <= 5.0, back_in
+
+
 def test_kill_9_of_a_tunnelled_agent_mid_call_gives_the_caller_an_error_at_once(platform):
     with sdk_agent_process(platform.base, platform.manage_key, "tunnel") as (proc, _), \
             ReachClient(platform.base, platform.key) as reach, \
