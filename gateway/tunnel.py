@@ -76,7 +76,17 @@ class TunnelDown(aiohttp.ClientConnectionError):
     """No gateway holds the instance's tunnel: the call was never sent."""
 
 
+class TunnelBadFrame(aiohttp.ClientPayloadError):
+    """The agent broke the tunnel's protocol for one call (a head that is not one, a
+    body before its head, more than its credit allows): that call fails as a bad
+    response."""
+
+
 _spawned: set[asyncio.Future] = set()
+
+
+async def _nothing() -> None:
+    return None
 
 
 def spawn(coro) -> asyncio.Future:
@@ -169,6 +179,7 @@ class _Stream:
         self._on_close = on_close
         self._grant = grant
         self._pending_credit = 0
+        self.unacknowledged = 0  # body bytes the agent sent beyond what was granted back
         self.closed = False
 
     def feed_head(self, frame: dict) -> None:
@@ -191,6 +202,7 @@ class _Stream:
         self._pending_credit += size
         if self._pending_credit >= WINDOW // 4:
             self._grant(self._pending_credit)
+            self.unacknowledged -= self._pending_credit
             self._pending_credit = 0
 
     def close(self) -> None:
@@ -202,6 +214,13 @@ class _Stream:
 # ---- one agent's tunnel, held by this process ---------------------------------------------
 
 
+def _valid_head(frame: dict) -> bool:
+    status, headers = frame.get("status"), frame.get("headers") or {}
+    return (type(status) is int and 100 <= status <= 599 and isinstance(headers, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()))
+
+
+
 class TunnelConnection:
     def __init__(self, instance_pk: int, send: Callable[[dict], Awaitable[None]]) -> None:
         self.instance_pk = instance_pk
@@ -210,6 +229,8 @@ class TunnelConnection:
         self.streams: dict[int, _Stream] = {}
         self.closed = False
         self.last_pong = time.monotonic()
+        # Closes this socket when a newer one of the same instance takes over.
+        self.close_replaced: Callable[[], Awaitable[None]] = _nothing
 
     async def request(self, method: str, path: str, headers: dict, body: bytes,
                       stream: _Stream | None = None) -> tuple[int, _Stream]:
@@ -245,9 +266,20 @@ class TunnelConnection:
         if stream is None:
             return  # a stream already given up (the caller left)
         if kind == "head":
-            stream.feed_head(frame)
+            if _valid_head(frame):
+                stream.feed_head(frame)
+            else:
+                self._refuse(frame["id"], stream, "a head frame whose status is not an HTTP "
+                             "status or whose headers are not a mapping of strings")
         elif kind == "data":
-            stream.feed(str(frame.get("data", "")).encode())
+            data = str(frame.get("data", "")).encode()
+            stream.unacknowledged += len(data)
+            if not stream.head.done():
+                self._refuse(frame["id"], stream, "body data before the head")
+            elif stream.unacknowledged > WINDOW:
+                self._refuse(frame["id"], stream, "more body than its flow-control credit")
+            else:
+                stream.feed(data)
         elif kind == "end":
             stream.end()
             self.streams.pop(frame["id"], None)
@@ -255,6 +287,11 @@ class TunnelConnection:
             stream.fail(aiohttp.ServerDisconnectedError(
                 f"the agent failed the call: {str(frame.get('message'))[:200]}"))
             self.streams.pop(frame["id"], None)
+
+    def _refuse(self, sid, stream: _Stream, what: str) -> None:
+        stream.fail(TunnelBadFrame(f"the agent's tunnel sent {what}"))
+        self.streams.pop(sid, None)
+        spawn(self._frame({"t": "cancel", "id": sid}))
 
     def lost(self) -> None:
         """The socket is gone: every call on it fails now (delivered: the agent had it)."""
@@ -402,10 +439,18 @@ class TunnelHub:
             async with lock:
                 await send({"type": "websocket.send", "text": orjson.dumps(frame).decode()})
 
+        async def close_replaced() -> None:
+            async with lock:
+                await send({"type": "websocket.close", "code": CLOSE_REPLACED})
+
         connection = TunnelConnection(instance_pk, send_frame)
+        connection.close_replaced = close_replaced
         previous = self.local.get(instance_pk)
         if previous is not None:
-            previous.lost()  # the agent reconnected: the newer socket wins
+            # The agent reconnected: the newer socket wins, and the older is closed (left
+            # open, its agent would think itself reachable through it).
+            previous.lost()
+            spawn(previous.close_replaced())
         self.local[instance_pk] = connection
         with contextlib.suppress(Exception):
             await self.directory.claim(instance_pk, self._holder())

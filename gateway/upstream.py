@@ -38,7 +38,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
-from gateway.tunnel import TunnelDown
+from gateway.tunnel import TunnelBadFrame, TunnelDown
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
 
 logger = logging.getLogger(__name__)
@@ -214,6 +214,8 @@ def translate_error(exc: BaseException) -> UpstreamFailure:
     if isinstance(exc, TunnelDown):
         return UpstreamFailure("upstream_error", f"the agent's tunnel is down ({exc})",
                                delivered=False)
+    if isinstance(exc, TunnelBadFrame):
+        return UpstreamFailure("upstream_bad_response", str(exc), delivered=True)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return UpstreamFailure("upstream_error", f"cannot connect to the agent ({exc.os_error})",
                                delivered=False)
