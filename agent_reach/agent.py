@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -52,7 +53,7 @@ import yaml
 from aiohttp import web
 
 from agent_reach.client import Deadline, ReachClient
-from agent_reach.control import ControlPlane, ReachError, Registration
+from agent_reach.control import ControlPlane, ReachError, Registration, register_patiently
 from agent_reach.tunnel import TunnelClient
 
 logger = logging.getLogger(__name__)
@@ -222,6 +223,13 @@ class Agent:
         if self._document is not None:
             document = dict(self._document)
             document.pop("endpoint", None)
+            # A capability the file gives no endpoint is served at its default path:
+            # register that path, or the gateway would call one nobody serves.
+            document["capabilities"] = [
+                {**entry, "endpoints": [{"path": self.capabilities[entry["id"]].path}]}
+                if isinstance(entry, dict) and entry.get("id") in self.capabilities
+                and not _declared_path(entry) else entry
+                for entry in document.get("capabilities") or []]
             if reach_mode == "tunnel":
                 document["reach"] = {"mode": "tunnel", "instance": instance_key}
             else:
@@ -241,27 +249,33 @@ class Agent:
     def start(self, *, platform: str, key: str, host: str = "127.0.0.1", port: int = 0,
               reach: str = "direct", gateway_url: str | None = None,
               invoke_key: str | None = None, heartbeat_s: float | None = None,
-              grace_s: float = 10.0) -> RunningAgent:
-        """Serve, register and heartbeat in the background; returns at once. ``stop()``
-        the result to leave (deregister, drain, close). ``reach="tunnel"``: listen on no
-        port; hold a tunnel to the gateway (``gateway_url``, default ``platform``)."""
+              grace_s: float = 10.0, register_wait_s: float | None = 30.0) -> RunningAgent:
+        """Serve, register and heartbeat in the background; returns once registered.
+        ``stop()`` the result to leave (deregister, drain, close). ``reach="tunnel"``:
+        listen on no port; hold a tunnel to the gateway (``gateway_url``, default
+        ``platform``). A platform that cannot be reached yet is tried again for
+        ``register_wait_s`` (None: until it answers); ``invoke_key`` lets handlers call
+        other agents (``ctx.client()``)."""
         if reach not in ("direct", "tunnel"):
             raise ValueError("reach is 'direct' or 'tunnel'")
         self.platform, self.gateway_url, self.invoke_key = platform.rstrip("/"), \
             gateway_url, invoke_key
         running = RunningAgent(self, key=key, host=host, port=port, reach=reach,
-                               heartbeat_s=heartbeat_s, grace_s=grace_s)
+                               heartbeat_s=heartbeat_s, grace_s=grace_s,
+                               register_wait_s=register_wait_s)
         running.start()
         return running
 
     def serve(self, **kwargs) -> None:
-        """``start``, then wait for SIGTERM or SIGINT and leave gracefully."""
+        """``start`` (waiting for the platform as long as it takes), then wait for SIGTERM
+        or SIGINT and leave gracefully: calls in flight get ``grace_s``, then it exits."""
+        kwargs.setdefault("register_wait_s", None)
         running = self.start(**kwargs)
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
         stop.wait()
-        running.stop()
+        running.leave()
 
     def _report(self, task_id: str, body: dict, *, patience_s: float = 10.0) -> None:
         """Tell the platform about a task this agent holds. A report may overtake the
@@ -302,8 +316,10 @@ class RunningAgent:
     """A served agent: its HTTP server (own thread and loop), registration and heartbeats."""
 
     def __init__(self, agent: Agent, *, key: str, host: str, port: int, reach: str,
-                 heartbeat_s: float | None, grace_s: float) -> None:
+                 heartbeat_s: float | None, grace_s: float,
+                 register_wait_s: float | None = 30.0) -> None:
         self.agent = agent
+        self._register_wait_s = register_wait_s
         self._key, self._host, self._port = key, host, port
         self.reach = reach
         self.instance_key = uuid.uuid4().hex
@@ -334,7 +350,7 @@ class RunningAgent:
         if not self._ready.wait(10):
             raise RuntimeError("the agent's server did not start")
         self.agent._plane = ControlPlane(self.agent.platform, token=self._key)
-        self._register()
+        self._register(give_up_after_s=self._register_wait_s)
         if self.reach == "tunnel":
             self.tunnel = TunnelClient(
                 self.agent.gateway_url or self.agent.platform,
@@ -344,10 +360,25 @@ class RunningAgent:
             asyncio.run_coroutine_threadsafe(self.tunnel.run(), self._loop)
         self._beat_thread.start()
 
-    def _register(self) -> None:
-        self.registration = self.agent._plane.register(self.agent.descriptor(
-            self.endpoint, reach_mode=self.reach, instance_key=self.instance_key))
+    def _register(self, *, give_up_after_s: float | None = 0) -> None:
+        self.registration = register_patiently(
+            self.agent._plane, self.agent.descriptor(
+                self.endpoint, reach_mode=self.reach, instance_key=self.instance_key),
+            give_up_after_s=give_up_after_s, stopped=self._stopping.is_set)
         self.registrations += 1
+
+    def _retunnel(self) -> None:
+        """After registering again: the tunnel goes on with the new token and instance."""
+        old = self.tunnel
+        if old is None or (old.token, old.instance_id) == (
+                self.registration.agent_token, self.registration.instance_id):
+            return
+        self._loop.call_soon_threadsafe(old.stop)
+        self.tunnel = TunnelClient(
+            self.agent.gateway_url or self.agent.platform, token=self.registration.agent_token,
+            instance_id=self.registration.instance_id, target="http://agent",
+            unix_socket=self._unix_path)
+        asyncio.run_coroutine_threadsafe(self.tunnel.run(), self._loop)
 
     def stop(self) -> None:
         """Leave: deregister (the platform stops sending calls), let calls in flight
@@ -373,6 +404,17 @@ class RunningAgent:
         if self._socket_dir is not None:
             self._socket_dir.cleanup()
 
+    def leave(self) -> None:
+        """``stop``, for a process that serves only this agent: if handlers are still
+        running after the grace period (a sync one cannot be interrupted, and its thread
+        would hold the interpreter open), exit the process anyway."""
+        self.stop()
+        if self.agent.counters.in_flight:
+            logger.warning("%d calls still running after the grace period; exiting",
+                           self.agent.counters.in_flight)
+            logging.shutdown()
+            os._exit(0)
+
     # ---- heartbeats ----------------------------------------------------------------------
 
     def _beat(self) -> None:
@@ -382,12 +424,15 @@ class RunningAgent:
                 self.agent._plane.heartbeat(self.registration.instance_id, **load)
                 self.beats += 1
             except ReachError as exc:
-                if exc.status in (404, 410) and not self._stopping.is_set():
+                if exc.status in (401, 404, 410) and not self._stopping.is_set():
                     # The platform forgot this instance (removed after a lapse, or
-                    # deleted): register again, as at start.
-                    logger.warning("the platform forgot this instance; registering again")
+                    # deleted) or the whole agent (its token is unknown now): register
+                    # again with the key it started with, as at start.
+                    logger.warning("the platform forgot this %s; registering again",
+                                   "agent" if exc.status == 401 else "instance")
                     with contextlib.suppress(ReachError, httpx.HTTPError):
                         self._register()
+                        self._retunnel()
                 else:
                     logger.warning("heartbeat refused: %s", exc)
             except httpx.HTTPError as exc:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,9 @@ class ControlPlane:
             base_url=base_url.rstrip("/"), timeout=timeout, trust_env=False,
             headers={"Authorization": f"Bearer {token}"},
         )
+        # Registering (again) uses the key given here: the agent token it returns dies
+        # with the agent, if the agent is deleted.
+        self._register_auth = {"Authorization": f"Bearer {token}"}
 
     def close(self) -> None:
         self._client.close()
@@ -50,10 +54,11 @@ class ControlPlane:
         if isinstance(descriptor, str):
             body = self._call(
                 "POST", "/api/v1/agents/register", content=descriptor.encode(),
-                headers={"Content-Type": "application/yaml"},
+                headers={"Content-Type": "application/yaml", **self._register_auth},
             )
         else:
-            body = self._call("POST", "/api/v1/agents/register", json=descriptor)
+            body = self._call("POST", "/api/v1/agents/register", json=descriptor,
+                              headers=self._register_auth)
         token = body.get("agent_token")
         if token:
             self._client.headers["Authorization"] = f"Bearer {token}"
@@ -117,3 +122,27 @@ class HeartbeatLoop:
             except (httpx.HTTPError, ReachError) as exc:
                 logger.warning("heartbeat failed: %s", exc)
             self._stop.wait(self._interval)
+
+
+def register_patiently(plane: ControlPlane, descriptor: dict | str, *,
+                       give_up_after_s: float | None = None,
+                       stopped: Callable[[], bool] = lambda: False) -> Registration:
+    """``plane.register``, again while the platform cannot be reached or is unavailable
+    (connection refused, 5xx, 429): an agent may start before the platform does. A refusal
+    that will not pass (a bad descriptor, a bad key) raises at once."""
+    delay, end = 0.5, None if give_up_after_s is None else time.monotonic() + give_up_after_s
+    while True:
+        try:
+            return plane.register(descriptor)
+        except httpx.TransportError as exc:
+            reason = f"cannot reach the platform ({type(exc).__name__})"
+            failure: Exception = exc
+        except ReachError as exc:
+            if exc.status < 500 and exc.status != 429:
+                raise
+            reason, failure = str(exc), exc
+        if stopped() or (end is not None and time.monotonic() + delay > end):
+            raise failure
+        logger.warning("registration: %s; trying again in %.1f s", reason, delay)
+        time.sleep(delay)
+        delay = min(5.0, delay * 2)

@@ -41,10 +41,14 @@ from pathlib import Path
 import httpx
 import yaml
 
-from agent_reach.control import ControlPlane, ReachError, Registration
+from agent_reach.control import ControlPlane, ReachError, Registration, register_patiently
 from agent_reach.tunnel import TunnelClient
 
 logger = logging.getLogger("reach-sidecar")
+
+
+CONFIG_KEYS = frozenset({"platform", "key", "key_env", "service", "health", "reach",
+                         "gateway", "agent", "probe_interval_s", "heartbeat_s"})
 
 
 @dataclass
@@ -61,10 +65,19 @@ class SidecarConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> SidecarConfig:
-        data = yaml.safe_load(Path(path).read_text())
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise SystemExit(f"{path}: cannot read the config ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            raise SystemExit(f"{path}: not valid YAML ({exc})") from None
         problems = []
         if not isinstance(data, dict):
             raise SystemExit(f"{path}: the config is a YAML mapping")
+        unknown = sorted(set(data) - CONFIG_KEYS)
+        if unknown:
+            problems.append(f"unknown setting(s) {', '.join(map(str, unknown))} (known: "
+                            f"{', '.join(sorted(CONFIG_KEYS))})")
         for name in ("platform", "service", "agent"):
             if not data.get(name):
                 problems.append(f"{name}: required")
@@ -120,8 +133,10 @@ class Sidecar:
             document["endpoint"] = self.config.service + "/"
         return yaml.safe_dump(document, allow_unicode=True, sort_keys=False)
 
-    def start(self) -> Sidecar:
-        self.registration = self.plane.register(self.descriptor())
+    def start(self, *, register_wait_s: float | None = 30.0) -> Sidecar:
+        self.registration = register_patiently(self.plane, self.descriptor(),
+                                               give_up_after_s=register_wait_s,
+                                               stopped=self._stop.is_set)
         threading.Thread(target=self._probe_forever, name="sidecar-probe", daemon=True).start()
         threading.Thread(target=self._beat_forever, name="sidecar-beat", daemon=True).start()
         if self.config.reach == "tunnel":
@@ -130,12 +145,26 @@ class Sidecar:
                                        instance_id=self.registration.instance_id,
                                        target=self.config.service)
             self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_until_complete, args=(self.tunnel.run(),),
-                             name="sidecar-tunnel", daemon=True).start()
+            threading.Thread(target=self._loop.run_forever, name="sidecar-tunnel",
+                             daemon=True).start()
+            asyncio.run_coroutine_threadsafe(self.tunnel.run(), self._loop)
         logger.info("registered %s (instance %s, %s)",
                     self.config.agent.get("name") or self.config.agent.get("agent_id"),
                     self.registration.instance_id, self.config.reach)
         return self
+
+    def _retunnel(self) -> None:
+        """After registering again: the tunnel goes on with the new token and instance."""
+        old = self.tunnel
+        if old is None or self._loop is None or (old.token, old.instance_id) == (
+                self.registration.agent_token, self.registration.instance_id):
+            return
+        self._loop.call_soon_threadsafe(old.stop)
+        self.tunnel = TunnelClient(self.config.gateway or self.config.platform,
+                                   token=self.registration.agent_token,
+                                   instance_id=self.registration.instance_id,
+                                   target=self.config.service)
+        asyncio.run_coroutine_threadsafe(self.tunnel.run(), self._loop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -177,9 +206,10 @@ class Sidecar:
                 self.plane.heartbeat(self.registration.instance_id, **load)
                 self.beats += 1
             except ReachError as exc:
-                if exc.status in (404, 410):
+                if exc.status in (401, 404, 410):  # the instance or the agent forgotten
                     with contextlib.suppress(ReachError, httpx.HTTPError):
                         self.registration = self.plane.register(self.descriptor())
+                        self._retunnel()
                 else:
                     logger.warning("heartbeat refused: %s", exc)
             except httpx.HTTPError as exc:
@@ -192,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         stream=sys.stdout)
-    sidecar = Sidecar(SidecarConfig.load(args.config)).start()
+    try:
+        sidecar = Sidecar(SidecarConfig.load(args.config)).start(register_wait_s=None)
+    except ReachError as exc:
+        raise SystemExit(f"reach-sidecar: the platform refused the registration: {exc}"
+                         + (f" {exc.details}" if exc.details else "")) from None
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

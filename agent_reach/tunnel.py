@@ -40,8 +40,8 @@ class TunnelClient:
         base = gateway_url.rstrip("/")
         self.url = ("wss://" + base[8:] if base.startswith("https://")
                     else "ws://" + base.split("://", 1)[-1]) + "/v1/tunnel"
-        self._token = token
-        self._instance_id = instance_id
+        self.token = token
+        self.instance_id = instance_id
         self._target = target.rstrip("/")
         self._unix_socket = unix_socket
         self._stop = asyncio.Event()
@@ -75,8 +75,8 @@ class TunnelClient:
         self._stop.set()
 
     async def _hold(self, local: aiohttp.ClientSession) -> None:
-        headers = {"Authorization": f"Bearer {self._token}",
-                   "X-Reach-Instance": str(self._instance_id)}
+        headers = {"Authorization": f"Bearer {self.token}",
+                   "X-Reach-Instance": str(self.instance_id)}
         async with aiohttp.ClientSession() as session, session.ws_connect(
                 self.url, headers=headers, max_msg_size=MAX_FRAME, autoping=True,
                 timeout=aiohttp.ClientWSTimeout(ws_close=5)) as ws:

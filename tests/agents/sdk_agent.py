@@ -10,6 +10,7 @@ Prints ``READY <instance id>`` once registered (and its tunnel up), serves until
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ def echo(input, ctx):
 
 @agent.capability("sdk.slow", description="answer after a while")
 def slow(input, ctx):
+    print("CALLED sdk.slow", flush=True)
     time.sleep(float(input.get("s", 1)))
     return {"slept": input.get("s", 1)}
 
@@ -40,14 +42,15 @@ def main() -> None:
     platform, key, reach = sys.argv[1], sys.argv[2], sys.argv[3]
     gateway = sys.argv[4] if len(sys.argv) > 4 else None
     running = agent.start(platform=platform, key=key, reach=reach, gateway_url=gateway,
-                          heartbeat_s=1.0, grace_s=10.0)
+                          heartbeat_s=1.0,
+                          grace_s=float(os.environ.get("SDK_AGENT_GRACE_S", "10")))
     if running.tunnel is not None:
         running.tunnel.connected.wait(10)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"READY {running.registration.instance_id}", flush=True)
     stop.wait()
-    running.stop()
+    running.leave()
     print("BYE", flush=True)
 
 

@@ -60,13 +60,16 @@ class GatewayProcess:
 
 
 @contextlib.contextmanager
-def sdk_agent_process(platform_url: str, key: str, reach: str, gateway: str | None = None):
+def sdk_agent_process(platform_url: str, key: str, reach: str, gateway: str | None = None,
+                      grace_s: str | None = None):
     """``tests.agents.sdk_agent`` in a process of its own; yields ``(proc, instance id)``."""
     args = [sys.executable, "-m", "tests.agents.sdk_agent", platform_url, key, reach]
     if gateway:
         args.append(gateway)
+    env = {**os.environ, **({"SDK_AGENT_GRACE_S": grace_s} if grace_s else {})}
     log = open(os.environ.get("SDK_AGENT_LOG", os.devnull), "a")  # noqa: SIM115
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                            env=env)
     try:
         line = proc.stdout.readline().strip()
         if not line.startswith("READY"):

@@ -189,12 +189,79 @@ def test_an_agent_the_platform_forgot_registers_again(platform):
     assert running.registration.instance_id != first
 
 
+def test_an_agent_deleted_by_an_operator_registers_again(platform):
+    """Its token dies with it (401): it registers again with the key it started with."""
+    from registry.models import Agent as AgentRow
+
+    agent, _ = sdk_agent("sdk-deleted")
+    running = agent.start(platform=platform.base, key=platform.manage_key, heartbeat_s=0.5)
+    try:
+        first = running.registration
+        AgentRow.objects.filter(pk=first.agent_id).delete()
+        wait_for(lambda: running.registrations == 2, timeout=10,
+                 message="the agent to register again")
+        with ReachClient(platform.base, platform.key) as reach:
+            wait_for(lambda: not isinstance(_quietly(reach.invoke, "sdk.echo", input={}),
+                                            ReachError), timeout=10,
+                     message="the agent to be callable again")
+    finally:
+        running.stop()
+    assert running.registration.agent_token != first.agent_token
+
+
+def test_an_agent_started_before_the_platform_waits_for_it(platform):
+    from tests.support.forwarder import Forwarder
+
+    agent, _ = sdk_agent("sdk-early")
+    with Forwarder.for_url(platform.base) as door:
+        door.cut()  # the platform is not up yet
+        started: list = []
+        thread = threading.Thread(target=lambda: started.append(agent.start(
+            platform=door.url(platform.base), key=platform.manage_key, heartbeat_s=0.5)))
+        thread.start()
+        wait_for(lambda: door.refused >= 2, timeout=15, message="tries against the door")
+        assert not started  # still waiting, not failed
+        door.restore()
+        thread.join(timeout=20)
+        try:
+            assert started and started[0].registration.instance_id
+        finally:
+            for running in started:
+                running.stop()
+
+
+def in_handler(proc) -> None:
+    """Wait until the agent process says a call of ``sdk.slow`` is in its handler."""
+    with concurrent.futures.ThreadPoolExecutor(1) as reader:
+        line = reader.submit(proc.stdout.readline).result(timeout=20)
+    assert line.strip() == "CALLED sdk.slow", line
+
+
+def test_a_handler_stuck_past_the_grace_period_does_not_keep_the_process(platform):
+    with sdk_agent_process(platform.base, platform.manage_key, "direct",
+                           grace_s="1") as (proc, _), \
+            ReachClient(platform.base, platform.key) as reach, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        wait_for(lambda: answers(reach, "sdk.echo"), timeout=15, message="the agent")
+        pending = pool.submit(_quietly, reach.invoke, "sdk.slow", input={"s": 60},
+                              timeout=90)
+        in_handler(proc)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        proc.wait(timeout=30)
+        exited_in = time.monotonic() - signalled
+        error = pending.result(timeout=30)
+
+    assert isinstance(error, ReachError) and error.status in (502, 503, 504), error
+    assert exited_in < 10, exited_in  # the grace (1 s) and leaving, not the 60 s handler
+
+
 def test_sigterm_deregisters_the_agent_and_lets_calls_in_flight_finish(platform):
     with sdk_agent_process(platform.base, platform.manage_key, "direct") as (proc, pk), \
             ReachClient(platform.base, platform.key) as reach, \
             concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(reach.invoke, "sdk.slow", input={"s": 2}, timeout=20)
-        time.sleep(0.5)  # the call is in the handler
+        in_handler(proc)
         proc.send_signal(signal.SIGTERM)
         reply = pending.result(timeout=20)
         code = proc.wait(timeout=20)
@@ -303,7 +370,7 @@ def test_kill_9_of_a_tunnelled_agent_mid_call_gives_the_caller_an_error_at_once(
                                         ReachError), timeout=15, message="the tunnel")
         pending = pool.submit(_quietly, reach.invoke, "sdk.slow", input={"s": 30},
                               timeout=60)
-        time.sleep(0.5)
+        in_handler(proc)
         proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         error = pending.result(timeout=30)

@@ -62,7 +62,8 @@ class Forwarder:
     - ``freeze()`` (a context manager) keeps every connection open but forwards nothing,
       either way, until the block ends, as a hung server does (``SIGSTOP``, a partition
       dropping packets): clients see no error, only silence, until their own timeouts.
-    - ``accepted`` counts the connections forwarded so far (refused ones excluded): a test
+    - ``accepted`` counts the connections forwarded so far (refused ones excluded, counted
+      in ``refused``): a test
       asserts it is non-zero to prove the process under test really goes through here.
     - ``close()`` (or leaving the ``with`` block) stops listening and closes everything.
 
@@ -78,6 +79,7 @@ class Forwarder:
         self._flowing.set()
         self._closed = threading.Event()
         self.accepted = 0
+        self.refused = 0  # connections reset during a cut
         self._listener = socket.create_server(("127.0.0.1", 0))
         # Accept polls so close() is noticed without relying on platform-specific wake-ups.
         self._listener.settimeout(0.05)
@@ -173,6 +175,7 @@ class Forwarder:
             client.settimeout(None)
             if self._cut:
                 _reset(client)
+                self.refused += 1
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
