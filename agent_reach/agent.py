@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,16 +170,22 @@ class Agent:
     def capability(self, capability_id: str, *, description: str = "", path: str | None = None,
                    stream: bool | None = None, background: bool = False,
                    input_schema: dict | None = None, output_schema: dict | None = None,
-                   timeout_ms: int | None = None, **extra) -> Callable:
-        """Attach the decorated function as the handler of ``capability_id``."""
+                   timeout_ms: int | None = None, examples: Sequence[str] = (),
+                   not_for: Sequence[str] = (), **extra) -> Callable:
+        """Attach the decorated function as the handler of ``capability_id``.
+
+        ``examples`` are requests the capability expects and ``not_for`` what it is not
+        for ("parcel tracking (use logistics.track)"); the platform's intent router reads
+        both (at most 20 of each, each at most 300 characters)."""
         if self.protocol == "openai":
             raise ValueError(_ONE_PROTOCOL)
+        hints = _hints(examples=examples, not_for=not_for)
 
         def attach(handler: Callable) -> Callable:
             streams = stream if stream is not None else (
                 inspect.isgeneratorfunction(handler) or inspect.isasyncgenfunction(handler))
             declared = self._declared(capability_id)
-            spec = {"id": capability_id, **extra}
+            spec = {"id": capability_id, **hints, **extra}
             for key, value in (("description", description), ("input_schema", input_schema),
                                ("output_schema", output_schema), ("timeout_ms", timeout_ms)):
                 if value:
@@ -192,18 +198,21 @@ class Agent:
             return handler
         return attach
 
-    def chat(self, capability_id: str, *, description: str = "", **extra) -> Callable:
+    def chat(self, capability_id: str, *, description: str = "", examples: Sequence[str] = (),
+             not_for: Sequence[str] = (), **extra) -> Callable:
         """Attach the decorated function as an OpenAI-compatible chat endpoint
         (``POST /v1/chat/completions``; the agent's protocol becomes ``openai``). It gets
         the request's ``messages`` and the context, and returns the reply's text, or yields
         it in pieces to stream (``"stream": true`` callers get chat-completion chunks)."""
         if self.capabilities:
             raise ValueError(_ONE_PROTOCOL)
+        hints = _hints(examples=examples, not_for=not_for)
 
         def attach(handler: Callable) -> Callable:
             self.protocol = "openai"
             spec = {"id": capability_id, "path": "/v1/chat/completions", "kind": "stream",
-                    **({"description": description} if description else {}), **extra}
+                    **({"description": description} if description else {}), **hints,
+                    **extra}
             self.capabilities[capability_id] = Capability(
                 capability_id, handler, "/v1/chat/completions", True, False, spec)
             self._chat = capability_id
@@ -230,6 +239,12 @@ class Agent:
                 if isinstance(entry, dict) and entry.get("id") in self.capabilities
                 and not _declared_path(entry) else entry
                 for entry in document.get("capabilities") or []]
+            # examples / not_for given to the decorator, where the file states none.
+            document["capabilities"] = [
+                {**{k: v for k, v in self.capabilities[entry["id"]].spec.items()
+                    if k in _HINT_KEYS}, **entry}
+                if isinstance(entry, dict) and entry.get("id") in self.capabilities else entry
+                for entry in document["capabilities"]]
             if reach_mode == "tunnel":
                 document["reach"] = {"mode": "tunnel", "instance": instance_key}
             else:
@@ -299,6 +314,21 @@ class Agent:
 # The platform speaks one protocol to an agent (its descriptor's reach.protocol).
 _ONE_PROTOCOL = ("an agent with a chat endpoint speaks the OpenAI protocol only: give it no "
                  "other capability (build a second Agent for those)")
+
+
+_HINT_KEYS = ("examples", "not_for")
+
+
+def _hints(**given: Sequence[str]) -> dict[str, list[str]]:
+    """The non-empty ``examples`` / ``not_for`` as descriptor lists. One string is refused
+    here: iterated it would register one example per character."""
+    hints = {}
+    for key, values in given.items():
+        if isinstance(values, str | bytes):
+            raise TypeError(f"{key} is a list of strings, not one string")
+        if values:
+            hints[key] = list(values)
+    return hints
 
 
 def _declared_path(declared: dict | None) -> str | None:

@@ -21,6 +21,8 @@ deregisters the service and stops. Config::
       capabilities:
         - id: ocr.invoice
           description: Read the fields of an invoice image
+          examples: [Read the total of this invoice]   # optional routing hints,
+          not_for: [receipts (use ocr.receipt)]         # as in capability.yaml
           endpoints: [{path: /ocr}]
 """
 

@@ -40,6 +40,8 @@ from gateway.http_io import header, read_body, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
 from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
 from gateway.pipeline import Pipeline, Request
+from gateway.route_feedback import MAX_BODY_BYTES as FEEDBACK_MAX_BODY_BYTES
+from gateway.route_feedback import FeedbackRecorder
 from gateway.task_runner import TaskRunner
 from gateway.tasks import EngineSettings, TaskDoors, TaskEngine, task_path
 from gateway.tunnel import TUNNEL_PATH, TunnelHub
@@ -69,6 +71,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/v1/chat/completions"): Route("chat_completions", "_chat_completions"),
     ("GET", "/v1/route"): Route("route", "_route"),
     ("HEAD", "/v1/route"): Route("route", "_route"),
+    ("POST", "/v1/route/feedback"): Route("route_feedback", "_route_feedback"),
     ("GET", "/metrics"): Route("metrics", "_metrics"),
     ("HEAD", "/metrics"): Route("metrics", "_metrics"),
     ("GET", "/v1/tasks"): Route("tasks", "_task_list"),
@@ -91,19 +94,22 @@ class GatewayApp:
                  closers: Sequence[Callable[[], Awaitable[None]]] = (),
                  tasks: TaskDoors | None = None, engine: EngineSettings | None = None,
                  tunnels: TunnelHub | None = None,
+                 route_feedback: FeedbackRecorder | None = None,
                  ready: Callable[[], bool] = lambda: True) -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
         ``background``: coroutine functions run for the process's lifetime; ``closers``:
         coroutine functions awaited at shutdown (Redis clients); ``tasks``: the
         ``/v1/tasks`` doors and asynchronous submissions (None: 503 for them); ``engine``:
         this process also runs tasks (the embedded mode, and the workers'), with
-        ``tasks``' store and this pipeline."""
+        ``tasks``' store and this pipeline; ``route_feedback``: where route feedback,
+        reported or inferred, goes (None: 503 for ``/v1/route/feedback``, no inference)."""
         self._table = table
         self._ready = ready  # False while there is no table at all (see ``readiness``)
         self.tasks = tasks
         self.tunnels = tunnels
         self.config = config
         self.usage = usage  # the run command's scheduler drains it in embedded mode
+        self.route_feedback = route_feedback  # so is its queue
         self.breakers = breakers
         self.router = router
         self.caller = Caller(config=config, breakers=breakers, feedback=router.feedback,
@@ -274,9 +280,33 @@ class GatewayApp:
                 raise ReachError("unsupported_media_type",
                                  "Send the request body as Content-Type: application/json.")
             internal = self._internal(scope)
-            return await self.pipeline.run(request, lambda r: door(r, internal=internal))
+            if self.route_feedback is None:
+                return await self.pipeline.run(request, lambda r: door(r, internal=internal))
+            calls = []
+
+            def parse(r: Request):
+                calls.append(door(r, internal=internal))
+                return calls[-1]
+
+            try:
+                outcome = await self.pipeline.run(request, parse)
+            except ReachError as error:
+                self._after_call(request, calls, error.code)
+                raise
+            self._after_call(request, calls, outcome)
+            return outcome
         finally:
             shedder.in_flight -= 1
+
+    def _after_call(self, request: Request, calls: list, outcome: str) -> None:
+        """Feed the route-feedback inference (see ``gateway.route_feedback``)."""
+        if not calls:
+            return  # refused before it was parsed: nothing was asked for
+        candidate = request.ctx.candidate if request.ctx is not None else None
+        self.route_feedback.after_call(
+            request.key, calls[0].route, outcome,
+            candidate.capability.capability_id if candidate is not None else None,
+            request.request_id)
 
     def _internal(self, scope) -> bool:
         return self.config.is_internal((scope.get("client") or (None,))[0])
@@ -291,8 +321,30 @@ class GatewayApp:
 
     async def _route(self, request_id, scope, receive, send) -> str:
         request = await self._request(request_id, scope, receive, send)
-        body = doors.dry_run(self.router, request, internal=self._internal(scope))
+        feedback, query = self.route_feedback, scope.get("query_string", b"")
+        try:
+            body = doors.dry_run(self.router, request, internal=self._internal(scope))
+        except ReachError as error:
+            if feedback is not None:
+                feedback.after_dry_run(request.key, query, error.explain)
+            raise
+        if feedback is not None:
+            feedback.after_dry_run(request.key, query, body)
         await send_json(send, 200, body, request_id)
+        return Outcome.SUCCESS
+
+    async def _route_feedback(self, request_id, scope, receive, send) -> str:
+        """``POST /v1/route/feedback``: 202 once the event is queued (learned later)."""
+        request = await self._request(request_id, scope, receive, send)
+        if self.route_feedback is None:
+            raise ReachError("service_unavailable", "This gateway takes no route feedback.")
+        content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
+        if content_type.lower() != "application/json":
+            raise ReachError("unsupported_media_type",
+                             "Send the request body as Content-Type: application/json.")
+        raw = await read_body(scope, receive, FEEDBACK_MAX_BODY_BYTES)
+        self.route_feedback.reported(request.table, request.key, raw, request_id)
+        await send_json(send, 202, {"accepted": True}, request_id)
         return Outcome.SUCCESS
 
     # ---- asynchronous tasks ---------------------------------------------------------------

@@ -35,6 +35,9 @@ TABLE_VERSION = Gauge("reach_route_table_version", "Route table version served."
 USAGE_DROPPED = Counter("reach_usage_events_dropped",
                         "Usage events dropped because the hand-off queue was full.",
                         registry=REGISTRY)
+ROUTE_FEEDBACK_DROPPED = Counter(
+    "reach_route_feedback_dropped",
+    "Route feedback events dropped because the hand-off queue was full.", registry=REGISTRY)
 TOKENS = Counter("reach_tokens", "Tokens metered, by direction (input, output).",
                  ["direction"], registry=REGISTRY)
 IDEMPOTENT_REPLAYS = Counter("reach_idempotent_replays",

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 
 from gateway.metrics import USAGE_DROPPED
 
 
 class UsageQueue:
-    def __init__(self, maxlen: int = 100_000) -> None:
+    """``on_drop`` counts what a full queue drops (the route-feedback queue is one too)."""
+
+    def __init__(self, maxlen: int = 100_000, *,
+                 on_drop: Callable[[], None] = USAGE_DROPPED.inc) -> None:
         self._events: collections.deque[dict] = collections.deque()
         self._maxlen = maxlen
+        self._on_drop = on_drop
         self._lock = threading.Lock()
         self.emitted = 0
 
     def emit(self, event: dict) -> None:
         with self._lock:
             if len(self._events) >= self._maxlen:
-                USAGE_DROPPED.inc()
+                self._on_drop()
                 return
             self._events.append(event)
             self.emitted += 1
@@ -44,8 +49,10 @@ BATCH = 100
 
 
 async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
-                        interval_s: float = 0.05, maxlen: int = 1_000_000) -> None:
-    """Forever: move queued usage events to the Redis stream the metering consumer reads.
+                        interval_s: float = 0.05, maxlen: int = 1_000_000,
+                        what: str = "usage") -> None:
+    """Forever: move queued usage events to the Redis stream the metering consumer reads
+    (or ``what`` other events to the stream their consumer reads: route feedback).
 
     One stream entry per batch of up to ``BATCH`` events (``{"b": <orjson list>}``):
     one Redis command for a hundred calls, not one per call. While Redis is away the
@@ -81,14 +88,14 @@ async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
                 await ship()
                 pending = []
                 if paused_since is not None:
-                    logger.warning("usage shipping resumed after %.1f s",
+                    logger.warning("%s shipping resumed after %.1f s", what,
                                    loop.time() - paused_since)
                     paused_since = None
             except Exception as exc:  # Redis down: keep them, try again shortly
                 now = loop.time()
                 paused_since = paused_since if paused_since is not None else now
                 if now - last_warning >= 30:  # once, then every 30 s, not every retry
-                    logger.warning("usage shipping paused (%s); %d events waiting",
+                    logger.warning("%s shipping paused (%s); %d events waiting", what,
                                    type(exc).__name__, len(pending))
                     last_warning = now
                 await asyncio.sleep(min(1.0, interval_s * 20))
@@ -98,6 +105,6 @@ async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
             try:
                 await asyncio.wait_for(ship(), timeout=2)
             except Exception:
-                logger.error("usage shipping stopped with Redis unreachable: %d usage "
-                             "events lost", len(pending))
+                logger.error("%s shipping stopped with Redis unreachable: %d %s "
+                             "events lost", what, len(pending), what)
         raise

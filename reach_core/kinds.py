@@ -78,6 +78,7 @@ class Outcome(Kind):
     CONFLICT = "conflict", "Conflict"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", "Unsupported media type"
     NO_CAPABILITY = "no_capability", "No capability"
+    NEEDS_CONFIRMATION = "needs_confirmation", "Needs confirmation"
     NO_HEALTHY_INSTANCE = "no_healthy_instance", "No healthy instance"
     CIRCUIT_OPEN = "circuit_open", "Circuit open"
     RATE_LIMITED = "rate_limited", "Rate limited"
@@ -95,6 +96,15 @@ class Outcome(Kind):
     SERVICE_UNAVAILABLE = "service_unavailable", "Service unavailable"
     INTERNAL_ERROR = "internal_error", "Internal error"
     WORKER_LOST = "worker_lost", "Worker lost"
+
+
+class FeedbackSource(Kind):
+    """Where a route feedback (an intent and the capability it should have reached) came
+    from: the caller said so (``POST /v1/route/feedback``), or the gateway inferred it
+    from an explicit capability call soon after a dry run or a failed intent call."""
+
+    EXPLICIT = "explicit", "Reported by the caller"
+    INFERRED = "inferred", "Inferred from the next call"
 
 
 class TaskState(Kind):

@@ -25,6 +25,8 @@ app.autodiscover_tasks()
 PERIODIC = {
     "registry.sweep_leases": 2.0,
     "registry.probe_instances": 10.0,
+    "registry.consume_route_feedback": 2.0,
+    "registry.learn_routes": 60.0,
     "metering.consume_usage": 1.0,
     "metering.rollup": 60.0,
     "metering.check_budgets": 60.0,

@@ -74,6 +74,20 @@ def metering_jobs(usage_queue) -> dict[str, tuple[float, callable]]:
     }
 
 
+def learning_jobs(feedback_queue) -> dict[str, tuple[float, callable]]:
+    """The embedded mode's route learning: drain the gateway's route-feedback queue into
+    the database (production ships it through a Redis stream to Celery), and fold it into
+    learned phrases."""
+    from reach_platform.celery import PERIODIC
+    from registry.learning import route_feedback_learn, route_feedback_queue_drain
+
+    return {
+        "registry.drain_route_feedback": (PERIODIC["registry.consume_route_feedback"],
+                                          lambda: route_feedback_queue_drain(feedback_queue)),
+        "registry.learn_routes": (PERIODIC["registry.learn_routes"], route_feedback_learn),
+    }
+
+
 def task_jobs() -> dict[str, tuple[float, callable]]:
     """Celery beat's task jobs: the sweep (lapsed claims, deadlines) and callback
     deliveries. The tasks themselves run in the gateway's in-process engine."""

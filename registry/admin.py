@@ -3,24 +3,29 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
+from django.urls import reverse
 from django.utils.html import format_html
 
 from audit.models import AuditAction
 from reach_platform.admin_base import (
     OperatorWritesMixin,
+    ReadOnlyTenantScopedAdmin,
     TenantScopedAdmin,
     audit_admin_write,
     badge,
 )
 from registry.choices import InstanceState
+from registry.learning import learned_phrases_set_active
 from registry.models import (
     Agent,
     AgentToken,
     Capability,
     Instance,
+    LearnedPhrase,
     Namespace,
     ParameterSynonym,
+    RouteFeedback,
 )
 from registry.services import instance_drain, instance_resume
 from tenants.principal import principal_for_request
@@ -67,7 +72,8 @@ class CapabilityInline(admin.StackedInline):
     # Related fields share a row; a model field not placed here still shows, last.
     fields = _then_the_rest(Capability, [
         ("capability_id", "display_name", "kind", "version"),
-        "description", "keywords", ("languages", "directions", "formats", "max_input_chars"),
+        "description", "keywords", ("examples", "not_for"),
+        ("languages", "directions", "formats", "max_input_chars"),
         ("timeout_ms", "qps", "burst"), "path",
         "input_schema", "output_schema", "param_map",
     ])
@@ -231,3 +237,83 @@ class AgentTokenAdmin(TenantScopedAdmin):
                 audit_admin_write(request, token, AuditAction.ACTION, None)
                 revoked += 1
         self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
+
+
+_TENANT_FILTER = ("tenant", admin.RelatedOnlyFieldListFilter)
+
+
+@admin.register(RouteFeedback)
+class RouteMissAdmin(ReadOnlyTenantScopedAdmin):
+    """Route misses: feedback whose capability is not what the router chose (or the
+    router chose nothing), with what learning made of it (``registry.learning``).
+    Confirmations teach nothing and are left out."""
+
+    list_display = ["created_at", "tenant", "short_intent", "routed_to_or_none",
+                    "capability_id", "source", "resolution"]
+    list_filter = ["source", _TENANT_FILTER, ("learned", admin.EmptyFieldListFilter)]
+    list_select_related = ["tenant", "learned"]
+    search_fields = ["intent", "capability_id", "routed_to"]
+    date_hierarchy = "created_at"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).exclude(routed_to=F("capability_id"))
+
+    @admin.display(description="intent")
+    def short_intent(self, obj: RouteFeedback) -> str:
+        return obj.intent if len(obj.intent) <= 80 else obj.intent[:79] + "…"
+
+    @admin.display(description="routed to", ordering="routed_to")
+    def routed_to_or_none(self, obj: RouteFeedback) -> str:
+        return obj.routed_to or "(nothing)"
+
+    @admin.display(description="resolution")
+    def resolution(self, obj: RouteFeedback):
+        if obj.learned_at is None:
+            return badge("unknown", "not learned yet")
+        phrase = obj.learned
+        if phrase is None:
+            return "-"
+        state = "active" if phrase.routable else "expired" if phrase.active else "revoked"
+        label = ("routing" if phrase.routable else
+                 "waiting for support" if phrase.active else "deactivated")
+        url = reverse("admin:registry_learnedphrase_change", args=[phrase.pk])
+        return format_html('<a href="{}">{}</a> ({}) {}', url, phrase.phrase[:60],
+                           phrase.support, badge(state, label))
+
+
+@admin.register(LearnedPhrase)
+class LearnedPhraseAdmin(ReadOnlyTenantScopedAdmin):
+    """Phrases learned from route feedback. Only the fold writes them; an operator
+    deactivates (or reactivates) one, which the route table follows at once."""
+
+    list_display = ["phrase", "tenant", "capability_id", "support", "explicit_support",
+                    "status", "updated_at"]
+    list_filter = ["routable", "active", _TENANT_FILTER]
+    list_select_related = ["tenant"]
+    search_fields = ["phrase", "capability_id"]
+    actions = ["deactivate", "reactivate"]
+
+    @admin.display(description="status")
+    def status(self, obj: LearnedPhrase):
+        if obj.routable:
+            return badge("active", "routing")
+        return badge("expired", "waiting for support") if obj.active else \
+            badge("revoked", "deactivated")
+
+    def _set_active(self, request, queryset, active: bool) -> int:
+        principal = principal_for_request(request)
+        mine = [p for p in queryset if principal.can_manage(p.tenant_id)]
+        changed = learned_phrases_set_active(phrases=mine, active=active)
+        for phrase in mine:
+            audit_admin_write(request, phrase, AuditAction.ACTION, None)
+        return changed
+
+    @admin.action(description="Deactivate selected learned phrases (stop routing by them)")
+    def deactivate(self, request, queryset):
+        changed = self._set_active(request, queryset, False)
+        self.message_user(request, f"Deactivated {changed} phrase(s).", messages.SUCCESS)
+
+    @admin.action(description="Reactivate selected learned phrases")
+    def reactivate(self, request, queryset):
+        changed = self._set_active(request, queryset, True)
+        self.message_user(request, f"Reactivated {changed} phrase(s).", messages.SUCCESS)

@@ -17,12 +17,14 @@ from django.db.models.functions import Lower
 from reach_platform.scoping import TenantScopedQuerySet
 from registry.choices import (
     CapabilityKind,
+    FeedbackSource,
     HealthTier,
     InstanceState,
     Protocol,
     ReachMode,
     Visibility,
 )
+from registry.spec import MAX_HINT_CHARS, MAX_HINTS
 
 capability_id_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_.\-]{0,127}$",
@@ -177,6 +179,10 @@ class Capability(models.Model):
     display_name = models.CharField(max_length=200, blank=True)
     description = models.TextField(blank=True)
     keywords = models.JSONField(default=list, blank=True)
+    # Example requests the team expects, and negative hints ("parcel tracking (use
+    # logistics.track)"): the intent router reads both.
+    examples = models.JSONField(default=list, blank=True)
+    not_for = models.JSONField(default=list, blank=True)
     languages = models.JSONField(default=list, blank=True, help_text='e.g. ["en", "zh"]')
     directions = models.JSONField(default=list, blank=True, help_text='e.g. ["en->zh"]')
     formats = models.JSONField(default=list, blank=True, help_text='e.g. ["text", "markdown"]')
@@ -210,10 +216,16 @@ class Capability(models.Model):
         return self.capability_id
 
     def clean(self) -> None:
-        for name in ("keywords", "languages", "directions", "formats"):
+        for name in ("keywords", "examples", "not_for", "languages", "directions", "formats"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
                 raise ValidationError({name: "Must be a list of strings."})
+        for name in ("examples", "not_for"):
+            value = getattr(self, name)
+            if len(value) > MAX_HINTS:
+                raise ValidationError({name: f"At most {MAX_HINTS} entries."})
+            if any(len(v) > MAX_HINT_CHARS for v in value):
+                raise ValidationError({name: f"Each entry at most {MAX_HINT_CHARS} characters."})
         from jsonschema import Draft202012Validator
         from jsonschema.exceptions import SchemaError
 
@@ -353,3 +365,84 @@ class RouteChange(models.Model):
 
     def __str__(self) -> str:
         return f"v{self.version}: {self.kind} {self.row}"
+
+
+class RouteFeedback(models.Model):
+    """One report that an intent should have reached ``capability_id``: sent by the caller
+    (``POST /v1/route/feedback``) or inferred by the gateway (an explicit capability call
+    soon after a dry run or a failed intent call by the same key). A miss when
+    ``routed_to`` (what the router chose, empty for none) differs from it.
+
+    ``event_id`` is the gateway's id for the event: events arrive at least once and are
+    stored once. ``learned_at`` is set when ``registry.learning`` has folded the row into
+    the learned phrases; ``learned`` is the phrase it produced, if any (the resolution)."""
+
+    tenant_path = "tenant_id"
+
+    event_id = models.CharField(max_length=64, unique=True)
+    request_id = models.CharField(max_length=128, blank=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE,
+                               related_name="route_feedback")
+    intent = models.TextField()
+    capability_id = models.CharField(max_length=128)
+    routed_to = models.CharField(max_length=128, blank=True)
+    source = models.CharField(max_length=16, choices=FeedbackSource)
+    created_at = models.DateTimeField(db_index=True)
+    learned_at = models.DateTimeField(null=True, blank=True)
+    learned = models.ForeignKey("LearnedPhrase", null=True, blank=True,
+                                on_delete=models.SET_NULL, related_name="feedback")
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "route feedback"
+        indexes = [
+            # The fold's claim: the oldest rows not learned yet.
+            models.Index(fields=["id"], name="route_feedback_unlearned",
+                         condition=models.Q(learned_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.intent[:60]} → {self.capability_id}"
+
+    @property
+    def is_miss(self) -> bool:
+        return self.routed_to != self.capability_id
+
+
+class LearnedPhrase(models.Model):
+    """A normalised intent phrase a tenant's feedback taught for one capability.
+
+    ``support`` counts the feedback behind it, ``explicit_support`` the part the caller
+    reported itself. ``routable`` is decided by ``registry.learning`` (enough support,
+    ``active``, among the best of its capability, the best capability for its phrase):
+    only routable phrases are in the route table. ``active`` is the operator's switch."""
+
+    tenant_path = "tenant_id"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE,
+                               related_name="learned_phrases")
+    capability_id = models.CharField(max_length=128)
+    phrase = models.TextField()
+    # SHA-256 of the phrase: unique with tenant and capability (a 1,000-character CJK
+    # phrase is too long for a B-tree key of its own).
+    phrase_hash = models.CharField(max_length=64, editable=False)
+    support = models.PositiveIntegerField(default=0)
+    explicit_support = models.PositiveIntegerField(default=0)
+    active = models.BooleanField(default=True)
+    routable = models.BooleanField(default=False, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "capability_id", "-support"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "capability_id", "phrase_hash"],
+                                    name="learned_phrase_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.phrase[:60]} → {self.capability_id}"

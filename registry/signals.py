@@ -11,11 +11,11 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from registry import heartbeats, routes
-from registry.models import Agent, AgentToken, Capability, Instance
+from registry.models import Agent, AgentToken, Capability, Instance, LearnedPhrase
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
 _KINDS = {Tenant: "tenant", ApiKey: "api_key", Grant: "grant", Credential: "credential",
-          Quota: "quota"}
+          Quota: "quota", LearnedPhrase: "learned"}
 
 
 @receiver([post_save, post_delete])

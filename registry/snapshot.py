@@ -14,7 +14,14 @@ from django.db.models import Prefetch
 from django.utils.dateparse import parse_datetime
 
 from registry.health import weight_factor
-from registry.models import Agent, Capability, Instance, RouteChange, RouteVersion
+from registry.models import (
+    Agent,
+    Capability,
+    Instance,
+    LearnedPhrase,
+    RouteChange,
+    RouteVersion,
+)
 from routing.table import (
     AgentEntry,
     ApiKeyEntry,
@@ -23,6 +30,7 @@ from routing.table import (
     Delta,
     GrantEntry,
     InstanceEntry,
+    LearnedEntry,
     QuotaEntry,
     RouteTable,
     TenantEntry,
@@ -240,6 +248,20 @@ def quota_entry(q: Quota) -> QuotaEntry:
     )
 
 
+def learned_entry(p: LearnedPhrase) -> LearnedEntry | None:
+    """None unless the phrase is routable (``registry.learning`` decides): the data plane
+    never needs the phrases that are not used."""
+    if not p.routable:
+        return None
+    return LearnedEntry(pk=p.pk, tenant_pk=p.tenant_id, capability_id=p.capability_id,
+                        phrase=p.phrase)
+
+
+def _routable_phrases():
+    return LearnedPhrase.objects.filter(routable=True).only(
+        "pk", "tenant_id", "capability_id", "phrase", "routable")
+
+
 # kind -> (table attribute, queryset of all rows, row -> entry or None)
 BUILDERS = {
     "agent": ("agents", _agents, agent_entry),
@@ -248,6 +270,7 @@ BUILDERS = {
     "grant": ("grants", Grant.objects.all, grant_entry),
     "credential": ("credentials", Credential.objects.all, credential_entry),
     "quota": ("quotas", Quota.objects.all, quota_entry),
+    "learned": ("learned", _routable_phrases, learned_entry),
 }
 
 

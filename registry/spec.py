@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# ``examples`` and ``not_for`` of one capability: at most this many entries, each at
+# most this many characters (descriptor schemas and ``Capability.clean`` both check).
+MAX_HINTS = 20
+MAX_HINT_CHARS = 300
+
 
 @dataclass(frozen=True)
 class CapabilitySpec:
@@ -24,6 +29,10 @@ class CapabilitySpec:
     display_name: str = ""
     description: str = ""
     keywords: tuple[str, ...] = ()
+    # Example requests the team expects, and negative hints such as "parcel tracking
+    # (use logistics.track)": the intent router pools both per capability id.
+    examples: tuple[str, ...] = ()
+    not_for: tuple[str, ...] = ()
     # Natural languages the capability handles ("en", "zh"), and translation
     # directions ("en->zh"); empty means unconstrained.
     languages: tuple[str, ...] = ()

@@ -3,8 +3,15 @@ production; the run command's in-process scheduler runs the same functions."""
 
 from __future__ import annotations
 
-from celery import shared_task
+import functools
+import os
+import socket
 
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from registry.learning import route_feedback_consume, route_feedback_learn
 from registry.probe import instances_probe
 from registry.services import instances_sweep
 
@@ -17,3 +24,25 @@ def sweep_leases() -> dict[str, int]:
 @shared_task(name="registry.probe_instances", ignore_result=True)
 def probe_instances() -> dict[str, int]:
     return instances_probe()
+
+
+# acks_late: a worker killed mid-task leaves the message to be redelivered, like the
+# stream entries it held. expires: stale ones queued while workers were away are dropped.
+@shared_task(name="registry.consume_route_feedback", ignore_result=True, acks_late=True,
+             expires=30, bind=True)
+def consume_route_feedback(self) -> int:
+    if not settings.REDIS_URL:
+        return 0  # embedded mode: the gateway's queue is drained in-process
+    # The worker's node name survives a restart, so it re-reads what it held at once.
+    consumer = self.request.hostname or f"{socket.gethostname()}-{os.getpid()}"
+    return route_feedback_consume(client=_redis(settings.REDIS_URL), consumer=consumer)
+
+
+@shared_task(name="registry.learn_routes", ignore_result=True)
+def learn_routes() -> dict[str, int]:
+    return route_feedback_learn()
+
+
+@functools.cache
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)

@@ -41,6 +41,9 @@ class CapabilityEntry:
     display_name: str = ""
     description: str = ""
     keywords: tuple[str, ...] = ()
+    # Example requests the team expects, and negative hints: read by the intent router.
+    examples: tuple[str, ...] = ()
+    not_for: tuple[str, ...] = ()
     languages: tuple[str, ...] = ()
     directions: tuple[str, ...] = ()
     formats: tuple[str, ...] = ()
@@ -179,6 +182,18 @@ class QuotaEntry:
     monthly_cost: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LearnedEntry:
+    """A phrase one tenant's route feedback taught the router for a capability
+    (``registry.learning``): its intent requests are matched against it, and no other
+    tenant's ever are (``RouteTable.learned_by_tenant``)."""
+
+    pk: int
+    tenant_pk: int
+    capability_id: str
+    phrase: str
+
+
 # Kinds of entry a delta can carry, keyed by the name used on the wire.
 ENTRY_TYPES: dict[str, type] = {
     "agent": AgentEntry,
@@ -187,6 +202,7 @@ ENTRY_TYPES: dict[str, type] = {
     "grant": GrantEntry,
     "credential": CredentialEntry,
     "quota": QuotaEntry,
+    "learned": LearnedEntry,
 }
 _COLLECTION = {
     "agent": "agents",
@@ -195,6 +211,7 @@ _COLLECTION = {
     "grant": "grants",
     "credential": "credentials",
     "quota": "quotas",
+    "learned": "learned",
 }
 
 
@@ -222,6 +239,7 @@ class RouteTable:
     grants: Mapping[int, GrantEntry] = field(default_factory=_empty)
     credentials: Mapping[int, CredentialEntry] = field(default_factory=_empty)
     quotas: Mapping[int, QuotaEntry] = field(default_factory=_empty)
+    learned: Mapping[int, LearnedEntry] = field(default_factory=_empty)
     # Derived indexes, rebuilt by ``indexed()``; never shipped.
     agents_by_capability: Mapping[str, tuple[int, ...]] = field(
         default_factory=_empty, compare=False
@@ -237,6 +255,10 @@ class RouteTable:
         default_factory=_empty, compare=False
     )
     quotas_by_tenant: Mapping[int, tuple[QuotaEntry, ...]] = field(
+        default_factory=_empty, compare=False
+    )
+    # A tenant's learned phrases, the only ones its intent requests are matched with.
+    learned_by_tenant: Mapping[int, tuple[LearnedEntry, ...]] = field(
         default_factory=_empty, compare=False
     )
     # Heartbeats' load figures and renewed leases, instance pk -> the latest report packed
@@ -285,6 +307,8 @@ class RouteTable:
         identity tells readers (the router's caches) whether anything they
         depend on moved. An agent's change costs work in proportion to that agent."""
         name = _COLLECTION[delta.kind]
+        if delta.kind == "learned":
+            return self._apply_learned(delta)
         if delta.kind == "agent":
             previous = self.agents.get(delta.pk)
             agents = self.agents.delete(delta.pk) if delta.op == "delete" and \
@@ -305,6 +329,23 @@ class RouteTable:
             index, build = _DERIVED[delta.kind]
             return replace(table, **{index: build(table)})
         return table
+
+    def _apply_learned(self, delta: Delta) -> RouteTable:
+        """A learned phrase's delta: only its tenant's tuple is rebuilt (a fold can publish
+        hundreds at once; rebuilding every tenant's for each cost O(all phrases))."""
+        old = self.learned.get(delta.pk)
+        new = delta.entry if delta.op != "delete" else None
+        learned = self.learned.set(delta.pk, new) if new is not None else \
+            self.learned.delete(delta.pk) if old is not None else self.learned
+        by_tenant = self.learned_by_tenant
+        for tenant_pk in {e.tenant_pk for e in (old, new) if e is not None}:
+            kept = [e for e in by_tenant.get(tenant_pk, ()) if e.pk != delta.pk]
+            if new is not None and new.tenant_pk == tenant_pk:
+                kept = sorted((*kept, new), key=lambda e: e.pk)
+            by_tenant = by_tenant.set(tenant_pk, tuple(kept)) if kept else \
+                by_tenant.delete(tenant_pk) if tenant_pk in by_tenant else by_tenant
+        return replace(self, version=delta.version, changed_agents=frozenset(),
+                       learned=learned, learned_by_tenant=by_tenant)
 
     def _agent_indexes(self, old: AgentEntry | None, new: AgentEntry | None) -> dict:
         """``agents_by_capability`` and ``agents_by_name`` with ``old`` replaced by ``new``."""
@@ -357,7 +398,8 @@ class RouteTable:
         return None
 
 
-_PERSISTENT = ("agents", "agents_by_capability", "agents_by_name")
+_PERSISTENT = ("agents", "agents_by_capability", "agents_by_name", "learned",
+               "learned_by_tenant")
 
 
 def _capability_keys(agent: AgentEntry | None) -> set[str]:
@@ -397,6 +439,9 @@ _DERIVED = {
     "grant": ("grants_by_tenant", lambda t: _by_tenant(t.grants)),
     "credential": ("credentials_by_pair", lambda t: _credentials_by_pair(t.credentials)),
     "quota": ("quotas_by_tenant", lambda t: _by_tenant(t.quotas)),
+    "learned": ("learned_by_tenant",
+                lambda t: {k: tuple(sorted(v, key=lambda e: e.pk))
+                           for k, v in _by_tenant(t.learned).items()}),
 }
 
 

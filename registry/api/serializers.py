@@ -13,6 +13,7 @@ from reach_platform.serializers import (
     StrictModelSerializer,
 )
 from registry.models import Agent, Capability, Instance, Namespace, ParameterSynonym
+from registry.spec import MAX_HINT_CHARS, MAX_HINTS
 from tenants.api.serializers import tenant_field
 from tenants.models import Credential
 from tenants.principal import principal_for_request
@@ -27,6 +28,14 @@ class NamespaceSerializer(StrictModelSerializer):
 
 class CapabilitySerializer(CleanModelSerializer):
     agent = ScopedPrimaryKeyField(queryset=Agent.objects.all())
+    # Declared for their published type (a list of strings); the model field is JSON.
+    examples = serializers.ListField(
+        child=StrictCharField(max_length=MAX_HINT_CHARS), max_length=MAX_HINTS, required=False,
+        help_text="Example requests the capability expects; the intent router reads them.")
+    not_for = serializers.ListField(
+        child=StrictCharField(max_length=MAX_HINT_CHARS), max_length=MAX_HINTS, required=False,
+        help_text='What the capability is not for, e.g. "parcel tracking (use '
+                  'logistics.track)"; the intent router reads them.')
 
     class Meta:
         model = Capability

@@ -257,6 +257,8 @@ def parse_agent_card(card: object) -> AgentSpec:
             "display_name": skill.get("name"),
             "description": skill.get("description"),
             "keywords": skill.get("tags"),
+            "examples": skill.get("examples"),
+            "not_for": extension.get("not_for"),
             **_reach_fields(extension),
             "kind": extension.get("kind", "stream" if streaming else "sync"),
             "path": extension.get("path"),
@@ -548,7 +550,8 @@ def _prefixed(problems: Problems, at: str) -> Problems:
 
 
 def _described(src: dict[str, Any]) -> dict[str, Any]:
-    return {k: src.get(k) for k in ("display_name", "description", "keywords")}
+    return {k: src.get(k)
+            for k in ("display_name", "description", "keywords", "examples", "not_for")}
 
 
 def _reach_fields(src: dict[str, Any]) -> dict[str, Any]:
@@ -582,6 +585,8 @@ def _capability(fields: dict[str, Any]) -> CapabilitySpec:
         "display_name": _text(fields.get("display_name")),
         "description": _text(fields.get("description")),
         "keywords": _unique(fields.get("keywords")),
+        "examples": _unique(fields.get("examples")),
+        "not_for": _unique(fields.get("not_for")),
         "languages": _unique(fields.get("languages")),
         "directions": _unique([directions] if isinstance(directions, str) else directions),
         "input_schema": copy.deepcopy(fields.get("input_schema")),

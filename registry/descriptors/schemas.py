@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from registry.spec import MAX_HINT_CHARS, MAX_HINTS
+
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 
@@ -77,6 +79,9 @@ _DEFS: dict[str, Any] = {
     # Parse errors on either keyword read "must be a positive integer".
     "positive_int": {"type": "integer", "minimum": 1},
     "strings": {"type": "array", "items": _STRING},
+    # A capability's ``examples`` and ``not_for``: short sentences the router reads.
+    "hints": {"type": "array", "maxItems": MAX_HINTS,
+              "items": {"type": "string", "maxLength": MAX_HINT_CHARS}},
     "name": {"type": "string", "pattern": NAME_PATTERN},
     "capability_id": {"type": "string", "pattern": CAPABILITY_ID_PATTERN},
     "version": {"type": "string", "minLength": 1, "maxLength": 40},
@@ -173,6 +178,10 @@ _DESCRIBED: dict[str, Any] = {
     "display_name": _ref("display_name"),
     "description": _STRING,
     "keywords": _ref("strings"),
+    # Example requests the team expects, and negative hints ("parcel tracking (use
+    # logistics.track)").
+    "examples": _ref("hints"),
+    "not_for": _ref("hints"),
 }
 
 # A capability in the JSON descriptor's form (also accepted in an operator's entry).
@@ -342,13 +351,14 @@ AGENT_CARD_SCHEMA: dict[str, Any] = _document(
                         "name": _ref("display_name"),
                         "description": _STRING,
                         "tags": _ref("strings"),
-                        "examples": _ref("strings"),
+                        "examples": _ref("hints"),
                         "inputModes": _ref("strings"),
                         "outputModes": _ref("strings"),
                         "security": _INFORMATIONAL,
                         # Vendor extension: what a card cannot say but routing needs.
                         "x-reach": _closed({
                             **_REACH_FIELDS,
+                            "not_for": _ref("hints"),
                             "kind": _ref("kind"),
                             "path": _ref("path"),
                             "method": _ref("method"),

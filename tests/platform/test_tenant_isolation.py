@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from audit.models import AuditEntry
 from metering.models import UsageDaily, UsageEvent
+from registry.models import LearnedPhrase, RouteFeedback
 from tenants.choices import ApiKeyScope
 from tenants.models import Grant, Quota
 from tests import factories
@@ -33,6 +34,11 @@ def rows_of_a(world):
         source="system", action="create", actor="system", tenant=world.tenant_a,
         object_type="x", object_id="1", object_repr="x",
     )
+    learned = LearnedPhrase.objects.create(tenant=world.tenant_a, capability_id=cap.capability_id,
+                                           phrase="numbers", phrase_hash="0" * 64)
+    RouteFeedback.objects.create(event_id="e-a-1", tenant=world.tenant_a, intent="numbers",
+                                 capability_id=cap.capability_id, source="explicit",
+                                 created_at=timezone.now(), learned=learned)
     return {
         "tenants": world.tenant_a.slug,
         "agents": world.agent_a.pk,

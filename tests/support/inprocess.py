@@ -160,21 +160,22 @@ class InProcessGateway:
 
 
 def gateway_app(table: RouteTable, *, breakers: CircuitBreakers | None = None,
-                **config) -> GatewayApp:
+                router: Router | None = None, route_feedback=None, **config) -> GatewayApp:
     policy = EndpointPolicy(allow=("127.0.0.0/8",), own_ports=())
     return GatewayApp(
-        table=lambda: table, router=Router(), config=GatewayConfig(policy=policy, **config),
-        breakers=breakers or CircuitBreakers(),
+        table=lambda: table, router=router or Router(),
+        config=GatewayConfig(policy=policy, **config), breakers=breakers or CircuitBreakers(),
         governor=Governor(limiter=InProcessLimiter(), ledger=MemoryBudgets()),
-        usage=UsageQueue(), idempotency=MemoryStore(),
+        usage=UsageQueue(), idempotency=MemoryStore(), route_feedback=route_feedback,
     )
 
 
 @contextlib.asynccontextmanager
 async def in_process(table: RouteTable, key: str, *, breakers: CircuitBreakers | None = None,
-                     **config) -> AsyncIterator[InProcessGateway]:
-    """The gateway for ``table``; closed (jobs stopped, pools closed) at the end."""
-    app = gateway_app(table, breakers=breakers, **config)
+                     **options) -> AsyncIterator[InProcessGateway]:
+    """The gateway for ``table``; closed (jobs stopped, pools closed) at the end.
+    ``options``: ``gateway_app``'s (a router, a route-feedback recorder, config)."""
+    app = gateway_app(table, breakers=breakers, **options)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
                                  timeout=10) as client:

@@ -80,6 +80,7 @@ class Command(BaseCommand):
         self.stdout.flush()
         from reach_platform.scheduler import (
             InProcessScheduler,
+            learning_jobs,
             metering_jobs,
             registry_jobs,
             task_jobs,
@@ -94,6 +95,7 @@ class Command(BaseCommand):
             from reach_platform.asgi import gateway_application
 
             jobs |= registry_jobs() | metering_jobs(gateway_application.usage) | task_jobs()
+            jobs |= learning_jobs(gateway_application.route_feedback.queue)
         scheduler = InProcessScheduler(jobs)
         scheduler.start()
         try:

@@ -1,0 +1,158 @@
+"""Route feedback: which capability an intent should have reached.
+
+Two sources, one event (``registry.learning`` stores and learns from them):
+
+- **explicit**: ``POST /v1/route/feedback`` with ``{"intent", "capability",
+  "routed_to"?}``; ``capability`` must be one the caller's tenant can use;
+- **inferred**: per API key the gateway remembers the last intent of a dry run
+  (``GET /v1/route?intent=``) or of an intent call that failed (``no_capability`` or
+  an agent error), with what the router chose; an explicit capability call by the same
+  key that succeeds within ``window_s`` (60 s) reports that intent → capability, unless
+  it is what the router chose. The memory is per process, bounded (``max_keys``, least
+  recently used first out) and used once: a second explicit call teaches nothing more.
+
+Events go to a bounded queue shipped like usage events (``gateway.usage``): never a
+database write and never a wait on the call's path.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from gateway.http_io import parse_json
+from gateway.usage import UsageQueue
+from reach_core.errors import ReachError
+from reach_core.kinds import FeedbackSource, Outcome
+from routing.router import RouteRequest, capability_visible
+from routing.table import ApiKeyEntry, RouteTable
+
+MAX_INTENT_CHARS = 1000
+MAX_CAPABILITY_CHARS = 128
+MAX_BODY_BYTES = 16_384  # an intent of 1,000 characters, each escaped as \uXXXX, fits
+_FIELDS = ("intent", "capability", "routed_to")
+# An intent call that ended so was probably routed to the wrong capability, or to none.
+FAILED_INTENT_OUTCOMES = frozenset({
+    Outcome.NO_CAPABILITY, Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT,
+    Outcome.UPSTREAM_BAD_RESPONSE, Outcome.UPSTREAM_REFUSED,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class _Tried:
+    tenant_pk: int
+    intent: str
+    routed_to: str
+    at: float  # the recorder's clock
+
+
+class FeedbackRecorder:
+    """Turns feedback, reported or inferred, into events on ``queue``.
+
+    ``clock`` (monotonic seconds) times the inference window; tests inject one."""
+
+    def __init__(self, queue: UsageQueue, *, clock: Callable[[], float] = time.monotonic,
+                 window_s: float = 60.0, max_keys: int = 10_000) -> None:
+        self.queue = queue
+        self._clock = clock
+        self._window_s = window_s
+        self._max_keys = max_keys
+        # API key pk -> the intent it tried last; oldest first.
+        self._tried: collections.OrderedDict[int, _Tried] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._tried)
+
+    # ---- explicit ---------------------------------------------------------------------------
+
+    def reported(self, table: RouteTable, key: ApiKeyEntry, raw: bytes,
+                 request_id: str) -> None:
+        """A caller's ``POST /v1/route/feedback`` body, validated, as an event. Raises
+        ``ReachError`` (``malformed_json``, ``invalid_input`` with every problem in
+        ``details``)."""
+        body = parse_json(raw)
+        problems: dict[str, list[str]] = {}
+        for name in body:
+            if name not in _FIELDS:
+                problems[str(name)[:100]] = [
+                    f"is not a known field (known here: {', '.join(_FIELDS)})"]
+        intent, capability = body.get("intent"), body.get("capability")
+        routed_to = body.get("routed_to")
+        if not isinstance(intent, str) or not intent.strip():
+            problems["intent"] = ["is required: the request's text"]
+        elif len(intent) > MAX_INTENT_CHARS or "\x00" in intent:
+            problems["intent"] = [f"must be 1 to {MAX_INTENT_CHARS} characters of text"]
+        if not isinstance(capability, str) or not capability:
+            problems["capability"] = ["is required: the capability id finally used"]
+        elif len(capability) > MAX_CAPABILITY_CHARS or not capability_visible(
+                table, key.tenant_pk, capability):
+            # Another tenant's private capability is answered exactly like a missing one.
+            problems["capability"] = ["is not a capability this key can use"]
+        if routed_to is not None and (not isinstance(routed_to, str)
+                                      or len(routed_to) > MAX_CAPABILITY_CHARS
+                                      or "\x00" in routed_to):
+            problems["routed_to"] = [f"must be a capability id (at most "
+                                     f"{MAX_CAPABILITY_CHARS} characters)"]
+        if problems:
+            raise ReachError("invalid_input", "; ".join(
+                f"{name}: {' '.join(messages)}" for name, messages in problems.items()),
+                details=problems)
+        self._emit(key.tenant_pk, intent, capability, routed_to or "",
+                   FeedbackSource.EXPLICIT, request_id)
+
+    # ---- inferred ---------------------------------------------------------------------------
+
+    def tried(self, key: ApiKeyEntry, intent: str | None, routed_to: str | None) -> None:
+        """``key`` asked for ``intent`` and the router chose ``routed_to`` (None: nothing)
+        in a dry run, or in a call that failed: remember it for ``window_s``."""
+        if not intent or not intent.strip() or len(intent) > MAX_INTENT_CHARS \
+                or "\x00" in intent:
+            return
+        self._tried[key.pk] = _Tried(key.tenant_pk, intent, routed_to or "", self._clock())
+        self._tried.move_to_end(key.pk)
+        while len(self._tried) > self._max_keys:
+            self._tried.popitem(last=False)
+
+    def chose(self, key: ApiKeyEntry, capability: str, request_id: str) -> bool:
+        """``key`` called ``capability`` explicitly, and the call succeeded: the intent it
+        tried last, if within the window, should have reached it. Returns whether an
+        event was emitted."""
+        tried = self._tried.pop(key.pk, None)
+        if tried is None or self._clock() - tried.at > self._window_s:
+            return False
+        if capability == tried.routed_to:
+            return False  # the caller followed the router: nothing to learn
+        self._emit(tried.tenant_pk, tried.intent, capability, tried.routed_to,
+                   FeedbackSource.INFERRED, request_id)
+        return True
+
+    def after_dry_run(self, key: ApiKeyEntry, query_string: bytes,
+                      explained: dict | None) -> None:
+        """A dry run the router answered (``explained``: its body or its error's ``route``)."""
+        if explained is None:
+            return  # refused before routing (a bad query): nothing was tried
+        intent = parse_qs(query_string.decode("latin-1")).get("intent", [None])[-1]
+        self.tried(key, intent, explained.get("capability"))
+
+    def after_call(self, key: ApiKeyEntry, route: RouteRequest, outcome: str,
+                   routed_to: str | None, request_id: str) -> None:
+        """A call through the pipeline ended with ``outcome``; ``routed_to`` is the
+        capability it was last routed to (None: none)."""
+        if route.intent:
+            if outcome in FAILED_INTENT_OUTCOMES:
+                self.tried(key, route.intent, routed_to)
+        elif route.capability and route.agent is None and outcome == Outcome.SUCCESS:
+            # A chat call naming an agent (``model``) chose an agent, not a capability.
+            self.chose(key, route.capability, request_id)
+
+    def _emit(self, tenant_pk: int, intent: str, capability: str, routed_to: str,
+              source: FeedbackSource, request_id: str) -> None:
+        self.queue.emit({
+            "event_id": uuid.uuid4().hex, "request_id": request_id, "tenant": tenant_pk,
+            "intent": intent, "capability": capability, "routed_to": routed_to,
+            "source": str(source), "occurred_at": time.time(),
+        })
