@@ -28,6 +28,7 @@ from agent_reach.client import AsyncReachClient, Deadline, ReachClient
 from agent_reach.control import ControlPlane, HeartbeatLoop, Registration
 from agent_reach.errors import (
     DeadlineExceeded,
+    NeedsConfirmation,
     NoCapability,
     NoHealthyInstance,
     RateLimited,
@@ -36,6 +37,6 @@ from agent_reach.errors import (
 
 __all__ = [
     "Agent", "Ask", "AsyncReachClient", "Context", "ControlPlane", "Deadline",
-    "DeadlineExceeded", "HeartbeatLoop", "NoCapability", "NoHealthyInstance", "RateLimited",
-    "ReachClient", "ReachError", "Registration", "RunningAgent",
+    "DeadlineExceeded", "HeartbeatLoop", "NeedsConfirmation", "NoCapability",
+    "NoHealthyInstance", "RateLimited", "ReachClient", "ReachError", "Registration", "RunningAgent",
 ]

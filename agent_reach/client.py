@@ -95,7 +95,8 @@ class _Base:
 
     @staticmethod
     def _check(response: httpx.Response):
-        if response.status_code >= 400:
+        # 300: the intent needs confirmation (``on_ambiguity="ask"``), an answer to act on.
+        if response.status_code >= 400 or response.status_code == 300:
             try:
                 body = response.json()
             except ValueError:
@@ -194,7 +195,7 @@ class ReachClient(_Base):
                                headers=self._headers(timeout_s, None,
                                                      {"Content-Type": "application/json"}),
                                timeout=timeout_s + TRANSPORT_SLACK_S) as response:
-            if response.status_code >= 400:
+            if response.status_code >= 400 or response.status_code == 300:
                 response.read()
                 self._check(response)
             framing = _EventLines()
@@ -296,7 +297,7 @@ class AsyncReachClient(_Base):
                 "POST", "/v1/invoke", content=orjson.dumps(body),
                 headers=self._headers(timeout_s, None, {"Content-Type": "application/json"}),
                 timeout=timeout_s + TRANSPORT_SLACK_S) as response:
-            if response.status_code >= 400:
+            if response.status_code >= 400 or response.status_code == 300:
                 await response.aread()
                 self._check(response)
             framing = _EventLines()

@@ -66,6 +66,15 @@ class NoCapability(NotFound):
     pass
 
 
+class NeedsConfirmation(ReachError):
+    """300: the intent matched several capabilities nearly equally (``on_ambiguity:
+    "ask"``). ``details["candidates"]`` lists them; call again naming one."""
+
+    @property
+    def candidates(self) -> list[str]:
+        return [c["capability"] for c in (self.details or {}).get("candidates", [])]
+
+
 class Conflict(ReachError):
     pass
 
@@ -145,7 +154,8 @@ class UpstreamRefused(UpstreamError):
 BY_CODE: dict[str, type[ReachError]] = {
     "bad_request": BadRequest, "invalid_input": InvalidInput, "malformed_json": MalformedJSON,
     "unauthorized": Unauthorized, "forbidden": Forbidden, "not_found": NotFound,
-    "no_capability": NoCapability, "conflict": Conflict,
+    "no_capability": NoCapability, "needs_confirmation": NeedsConfirmation,
+    "conflict": Conflict,
     "idempotency_in_progress": IdempotencyInProgress,
     "idempotency_key_reused": IdempotencyKeyReused, "payload_too_large": PayloadTooLarge,
     "rate_limited": RateLimited, "quota_exceeded": QuotaExceeded,

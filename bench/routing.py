@@ -1,26 +1,33 @@
-"""Routing at scale: decision latency, intent matching quality, and route-table memory.
+"""Intent routing: quality on the sealed set, and decision latency at 10,000 capabilities.
 
-    .venv/bin/python bench/routing.py [--agents 10000] [--instances 5] [--capabilities 2000]
+    .venv/bin/python bench/routing.py [--set sealed|dev|tuning] [--capabilities 10000]
 
-Builds an in-memory route table of 10,000 agents x 5 instances offering 2,000
-capability ids (each id offered by 5 agents), then times the router:
-capability-id routing (filters, scores, priority, smooth weighted round robin)
-and lexical intent routing (matching over 2,000 capability texts, then
-routing). Prints the labelled set's hit rate with every confusion, and the
-held-out set's if present. Prints figures; asserts nothing.
+Quality: the router (sentence encoder + words, the default) over the catalogue in
+``tests/routing/data/eval/`` answers every request of one set — the sealed set unless
+``--set`` names another — and the figures are printed: top-1 overall, by language and by
+kind (answerable single-step requests; a refusal is a miss), plan accuracy (the exact
+ordered plan, multi-step requests), refusals (out-of-scope requests refused), wrongly
+refused (answerable requests refused), and per-request latency. The sealed set's
+requests are never printed; ``--confusions`` prints the misses of the tuning or dev set.
 
-Last line: ``routing id_p50_us=<x> id_p99_us=<x> intent_p99_ms=<x> hit_rate=<x> table_mb=<x>``
+Speed: a route table of 10,000 agents x 5 instances, each agent offering its own
+capability id (texts varied from the catalogue's), then intent decisions through the
+router: by words only (``intent_p99_ms``) and with the sentence encoder
+(``semantic_p99_ms``, the request embedded once per decision). Also capability-id
+routing. Prints figures; asserts nothing.
+
+Last line: ``routing sealed_top1=<x> sealed_zh=<x> sealed_en=<x> sealed_mixed=<x> plans=<x>
+refusals=<x> wrongly_refused=<x> intent_p99_ms=<x> semantic_p99_ms=<x>`` (with another
+``--set``, its name replaces ``sealed``).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import sys
 import time
-import tracemalloc
 import types
 from pathlib import Path
 
@@ -30,19 +37,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from routing.embedders import configured_embedder  # noqa: E402
 from routing.evaluation import evaluate, load_catalogue, load_requests  # noqa: E402
 from routing.matcher import IntentIndex  # noqa: E402
 from routing.router import IntentIndexHolder, Router, RouteRequest  # noqa: E402
 from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable  # noqa: E402
 
-DATA = ROOT / "tests" / "routing" / "data"
+EVAL = ROOT / "tests" / "routing" / "data" / "eval"
 FILLER = ("fast", "reliable", "enterprise", "batch", "streaming", "secure", "regional",
           "v2", "beta", "premium", "低延迟", "高精度", "批量", "实时", "私有化")
 
 
 def build_table(agents: int, instances: int, capabilities: int, seed: int = 7) -> RouteTable:
     rng = random.Random(seed)
-    base = load_catalogue(DATA / "catalogue.json")
+    base = load_catalogue(EVAL / "catalogue.json")
     pk = 0
     rows = {}
     for a in range(agents):
@@ -51,9 +59,10 @@ def build_table(agents: int, instances: int, capabilities: int, seed: int = 7) -
         extra = " ".join(rng.sample(FILLER, 3))
         pk += 1
         cap = CapabilityEntry(
-            pk=pk, capability_id=f"{text.capability_id}.{cap_index:04d}",
+            pk=pk, capability_id=f"{text.capability_id}.{cap_index:05d}",
             display_name=text.display_name, description=f"{text.description} {extra}",
-            keywords=text.keywords, input_schema={"type": "object"}, timeout_ms=30_000,
+            keywords=text.keywords, examples=text.examples, not_for=text.not_for,
+            input_schema={"type": "object"}, timeout_ms=30_000,
             version=f"1.{rng.randint(0, 9)}.0",
         )
         agent_pk = pk + 1
@@ -79,86 +88,85 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
+def timed_intents(table: RouteTable, embedder, intents: list[str], calls: int) -> list[float]:
+    started = time.perf_counter()
+    holder = IntentIndexHolder(embedder=embedder)
+    holder.update(table)
+    print(f"  index over {len(table.agents_by_capability)} capability texts built in "
+          f"{time.perf_counter() - started:.1f} s")
+    router = Router(index=holder)
+    out = []
+    for i in range(calls):
+        request = RouteRequest(tenant_pk=1, intent=intents[i % len(intents)])
+        t0 = time.perf_counter_ns()
+        router.route(table, request)
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--agents", type=int, default=10_000)
+    parser.add_argument("--set", default="sealed", choices=("sealed", "dev", "tuning"))
+    parser.add_argument("--confusions", action="store_true",
+                        help="print the misses (tuning and dev sets only)")
+    parser.add_argument("--capabilities", type=int, default=10_000)
     parser.add_argument("--instances", type=int, default=5)
-    parser.add_argument("--capabilities", type=int, default=2_000)
+    parser.add_argument("--intent-calls", type=int, default=1_000)
     parser.add_argument("--id-calls", type=int, default=20_000)
-    parser.add_argument("--intent-calls", type=int, default=2_000)
-    parser.add_argument("--embedder", default="lexical",
-                        help="also score the labelled sets with this embedder (minilm needs "
-                        "the semantic extra); the timed runs stay lexical")
     args = parser.parse_args()
 
-    gc.collect()
-    tracemalloc.start()
-    table = build_table(args.agents, args.instances, args.capabilities)
-    table_bytes = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    table_mb = table_bytes / 1e6
-    print(f"table: {len(table.agents)} agents, "
-          f"{sum(len(a.instances) for a in table.agents.values())} instances, "
-          f"{len(table.agents_by_capability)} capability ids, {table_mb:.1f} MB")
+    encoder = configured_embedder("multilingual")
+    index = IntentIndex(load_catalogue(EVAL / "catalogue.json"), embedder=encoder)
+    rows = load_requests(EVAL / f"{args.set}.jsonl")
+    report = evaluate(index, rows)
+    name = args.set
+    print(f"{name} set: {len(rows)} requests over {len(load_catalogue(EVAL / 'catalogue.json'))}"
+          " capabilities (router: sentence encoder + words)")
+    print(f"  top-1 {report.top1.rate:.3f} ({report.top1.hits}/{report.top1.total})")
+    for label, tallies in (("language", report.by_lang), ("kind", report.by_kind)):
+        print(f"  by {label}: " + ", ".join(f"{k} {v.rate:.3f} ({v.hits}/{v.total})"
+                                          for k, v in sorted(tallies.items())))
+    print(f"  plans {report.plans.rate:.3f} ({report.plans.hits}/{report.plans.total}); "
+          f"refusals {report.refusals.rate:.3f} ({report.refusals.hits}/{report.refusals.total});"
+          f" wrongly refused {report.wrongly_refused.rate:.3f} "
+          f"({report.wrongly_refused.hits}/{report.wrongly_refused.total})")
+    print(f"  decision latency over {len(report.latencies_ms)} requests: p50 "
+          f"{statistics.median(report.latencies_ms):.2f} ms, p99 {report.p99_ms():.2f} ms")
+    if args.confusions and name != "sealed":
+        for request, want, got in report.confusions:
+            print(f"  want {want}, got {got}: {request}")
 
-    started = time.perf_counter()
-    holder = IntentIndexHolder()
-    holder.update(table)
-    print(f"intent index over {len(table.agents_by_capability)} capability texts built in "
-          f"{(time.perf_counter() - started) * 1000:.0f} ms")
-    router = Router(index=holder)
+    agents = args.capabilities  # one capability id per agent
+    table = build_table(agents, args.instances, args.capabilities)
+    intents = [row["request"] for row in load_requests(EVAL / "tuning.jsonl")]
+    print(f"route table: {len(table.agents)} agents x {args.instances} instances, "
+          f"{len(table.agents_by_capability)} capability ids")
+    router = Router(index=IntentIndexHolder())
     ids = list(table.agents_by_capability)
     rng = random.Random(1)
-
     for cid in ids:  # warm the per-table candidate cache, as a running gateway has it
         router.route(table, RouteRequest(tenant_pk=1, capability=cid))
     id_times = []
     for _ in range(args.id_calls):
         request = RouteRequest(tenant_pk=1, capability=rng.choice(ids))
         t0 = time.perf_counter_ns()
-        decision = router.route(table, request)
-        id_times.append((time.perf_counter_ns() - t0) / 1000)
-        assert decision.chosen is not None
-    id_p50, id_p99 = statistics.median(id_times), percentile(id_times, 0.99)
-    print(f"capability-id routing: p50 {id_p50:.1f} us  p99 {id_p99:.1f} us "
-          f"({args.id_calls} calls, 25 candidates each)")
-
-    intents = [row["request"] for row in load_requests(DATA / "requests.jsonl")]
-    intent_times = []
-    for i in range(args.intent_calls):
-        request = RouteRequest(tenant_pk=1, intent=intents[i % len(intents)])
-        t0 = time.perf_counter_ns()
         router.route(table, request)
-        intent_times.append((time.perf_counter_ns() - t0) / 1e6)
-    intent_p50, intent_p99 = statistics.median(intent_times), percentile(intent_times, 0.99)
-    print(f"lexical intent routing: p50 {intent_p50:.2f} ms  p99 {intent_p99:.2f} ms "
-          f"({args.intent_calls} calls over {len(ids)} capability texts)")
-
-    index = IntentIndex(load_catalogue(DATA / "catalogue.json"))
-    labelled = evaluate(index, load_requests(DATA / "requests.jsonl"))
-    print(f"labelled set: hit rate {labelled.hit_rate:.3f} ({labelled.hits}/{labelled.total}),"
-          " lexical only")
-    for request, want, got in labelled.confusions:
-        print(f"  confusion: want {want}, got {got}: {request}")
-    heldout_path = DATA / "heldout.jsonl"
-    if heldout_path.exists():
-        heldout = evaluate(index, load_requests(heldout_path))
-        print(f"held-out set (written after tuning, never tuned on): hit rate "
-              f"{heldout.hit_rate:.3f} ({heldout.hits}/{heldout.total})")
-        for request, want, got in heldout.confusions:
-            print(f"  held-out confusion: want {want}, got {got}: {request}")
-    if args.embedder != "lexical":
-        from routing.embedders import configured_embedder
-
-        semantic = IntentIndex(load_catalogue(DATA / "catalogue.json"),
-                               embedder=configured_embedder(args.embedder))
-        for name in ("requests.jsonl", "heldout.jsonl"):
-            if (DATA / name).exists():
-                result = evaluate(semantic, load_requests(DATA / name))
-                print(f"{name} with {args.embedder}: hit rate {result.hit_rate:.3f} "
-                      f"({result.hits}/{result.total})")
-    print(f"routing id_p50_us={id_p50:.1f} id_p99_us={id_p99:.1f} intent_p99_ms={intent_p99:.2f}"
-          f" hit_rate={labelled.hit_rate:.3f} table_mb={table_mb:.1f}")
+        id_times.append((time.perf_counter_ns() - t0) / 1000)
+    print(f"capability-id routing: p50 {statistics.median(id_times):.1f} us, p99 "
+          f"{percentile(id_times, 0.99):.1f} us")
+    print("intent decisions by words only:")
+    lexical = timed_intents(table, None, intents, args.intent_calls)
+    print(f"  p50 {statistics.median(lexical):.2f} ms, p99 {percentile(lexical, 0.99):.2f} ms")
+    print("intent decisions with the sentence encoder:")
+    semantic = timed_intents(table, encoder, intents, args.intent_calls)
+    print(f"  p50 {statistics.median(semantic):.2f} ms, p99 {percentile(semantic, 0.99):.2f} ms")
+    lang = {k: v.rate for k, v in report.by_lang.items()}
+    print(f"routing {name}_top1={report.top1.rate:.3f} {name}_zh={lang.get('zh', 0):.3f} "
+          f"{name}_en={lang.get('en', 0):.3f} {name}_mixed={lang.get('mixed', 0):.3f} "
+          f"plans={report.plans.rate:.3f} refusals={report.refusals.rate:.3f} "
+          f"wrongly_refused={report.wrongly_refused.rate:.3f} "
+          f"intent_p99_ms={percentile(lexical, 0.99):.2f} "
+          f"semantic_p99_ms={percentile(semantic, 0.99):.2f}")
 
 
 if __name__ == "__main__":

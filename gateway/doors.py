@@ -85,8 +85,12 @@ def invoke_call(body: dict, tenant_pk: int, *, namespace: str | None, internal: 
     )
     if prefer_instance is not None:
         route = replace(route, prefer_instance=prefer_instance)
+    on_ambiguity = body.get("on_ambiguity", "guess")
+    if on_ambiguity not in ("guess", "ask"):
+        raise ReachError("invalid_input", "'on_ambiguity' must be 'guess' or 'ask'.",
+                         details={"on_ambiguity": ["must be 'guess' or 'ask'"]})
     return Call(route=route, payload=lambda protocol: payload, reply=agent_response,
-                stream=stream, events=agent_response_event)
+                stream=stream, events=agent_response_event, on_ambiguity=on_ambiguity)
 
 
 def agent_response_event(result: Result) -> bytes:
@@ -219,6 +223,9 @@ def dry_run(router: Router, request: Request, *, internal: bool) -> dict:
                                                            capability_id))
     if "matches" in explained:
         explained["matches"] = [m for m in explained["matches"] if visible(m["capability"])]
+    if "suggestions" in explained:
+        explained["suggestions"] = [m for m in explained["suggestions"]
+                                    if visible(m["capability"])]
     if "plan" in explained:
         explained["plan"] = [c for c in explained["plan"] if visible(c)]
     if not visible(explained.get("capability")):

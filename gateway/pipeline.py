@@ -72,6 +72,7 @@ class Request:
     table: RouteTable
     key: ApiKeyEntry
     raw: bytes = b""  # read by the pipeline
+    ctx: CallContext | None = None  # the pipeline's, once it runs (what was routed to)
 
     def header(self, name: bytes) -> str | None:
         return header(self.scope, name)
@@ -114,6 +115,9 @@ class Call:
         lambda protocol, agent_name: None
     finish: bytes = b""
     keep_usage_events: bool = True
+    # ``"ask"``: an intent whose best two matches nearly tie is answered 300 with the
+    # candidates instead of calling the first (``"guess"``, the default).
+    on_ambiguity: str = "guess"
     # ``mode: async``: checked like a call (routing, input), then stored as a task for the
     # workers and answered 202 (``Pipeline._submit``).
     asynchronous: AsyncRequest | None = None
@@ -162,6 +166,7 @@ class Pipeline:
             tenant_slug=request.table.tenants[request.key.tenant_pk].slug,
             started=time.monotonic(), budget_ms=0, caller_budget_ms=None,
             idempotency_key=None)
+        request.ctx = ctx
         async with self._metered(ctx) as metering:
             request.raw = await read_body(request.scope, request.receive,
                                           self.config.max_body_bytes)
@@ -290,7 +295,18 @@ class Pipeline:
         """Route and validate: the candidate and the input in the agent's own names."""
         decision = self.router.route(table, call.route, exclude=exclude)
         if decision.error:
-            raise ReachError(decision.error, route_message(decision, table, call.route))
+            raise ReachError(decision.error, route_message(decision, table, call.route),
+                             details=suggested(decision, table, call.route))
+        if decision.needs_confirmation and call.on_ambiguity == "ask" and not exclude:
+            candidates = [{"capability": s.capability_id, "score": s.score}
+                          for s in decision.matches[:3]
+                          if capability_visible(table, call.route.tenant_pk, s.capability_id)]
+            if len(candidates) > 1:
+                raise ReachError(
+                    "needs_confirmation", "The request matches several capabilities nearly "
+                    "equally: repeat it with the chosen 'capability'.",
+                    details={"candidates": candidates, "confidence": decision.confidence,
+                             "margin": decision.margin})
         candidate = decision.chosen
         ctx.candidate = candidate
         capability = candidate.capability
@@ -589,6 +605,13 @@ def deadline_header(request: Request) -> int | None:
     if not raw.strip().isdigit() or int(raw) <= 0:
         raise ReachError("invalid_input", "X-Reach-Deadline-Ms must be a positive integer.")
     return int(raw)
+
+
+def suggested(decision, table: RouteTable, route: RouteRequest) -> dict | None:
+    """An intent nothing matched: the closest capabilities the caller may see."""
+    shown = [{"capability": s.capability_id, "score": s.score} for s in decision.suggestions
+             if capability_visible(table, route.tenant_pk, s.capability_id)]
+    return {"suggestions": shown} if shown else None
 
 
 def route_message(decision, table: RouteTable, route: RouteRequest) -> str:

@@ -45,6 +45,9 @@ CATALOGUE: dict[str, ErrorKind] = {k.code: k for k in (
     ErrorKind("too_many_requests", 429, True),
     # routing
     ErrorKind("no_capability", 404, False),
+    # An intent that matches two capabilities nearly equally, with "on_ambiguity": "ask":
+    # the candidates come back and the caller repeats the call naming one.
+    ErrorKind("needs_confirmation", 300, False),
     ErrorKind("no_healthy_instance", 503, True),
     ErrorKind("circuit_open", 503, True),
     # admission

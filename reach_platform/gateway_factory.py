@@ -2,9 +2,10 @@
 place their parts are chosen. Import it after Django is set up (``reach_platform.asgi``).
 
 Embedded mode (no ``REDIS_URL``): in-process idempotency records, rate limits,
-budget counters and usage queue (drained by the run command's scheduler).
-Production: all of them shared through Redis by every gateway process, and
-usage shipped to the Redis stream the metering workers consume. The app is
+budget counters, usage and route-feedback queues (drained by the run command's
+scheduler). Production: all of them shared through Redis by every gateway process,
+usage shipped to the Redis stream the metering workers consume and route feedback to
+the one the registry's learning task consumes. The app is
 complete when constructed; nothing is patched in afterwards.
 """
 
@@ -26,7 +27,8 @@ from gateway.config import GatewayConfig
 from gateway.governance import Governor
 from gateway.idempotency import MemoryStore, RedisStore
 from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
-from gateway.metrics import LIMITS_DEGRADED
+from gateway.metrics import LIMITS_DEGRADED, ROUTE_FEEDBACK_DROPPED
+from gateway.route_feedback import FeedbackRecorder
 from gateway.tasks import EngineSettings, TaskDoors
 from gateway.tunnel import RedisDirectory, TunnelHub
 from gateway.usage import UsageQueue, ship_to_redis
@@ -72,6 +74,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     from reach_platform.task_store import DjangoTaskStore
 
     usage = UsageQueue() if governed else None
+    # Smaller than usage's: an event holds up to 1,000 characters of intent.
+    route_feedback = FeedbackRecorder(UsageQueue(10_000, on_drop=ROUTE_FEEDBACK_DROPPED.inc))
     if run_tasks is None:
         run_tasks = not settings.REDIS_URL
     tasks = TaskDoors(DjangoTaskStore())
@@ -83,7 +87,7 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                           usage=usage, idempotency=MemoryStore(), tasks=tasks,
                           engine=engine_settings(None) if run_tasks else None,
                           tunnels=TunnelHub(table=table, authenticate=agent_of_token),
-                          ready=ready)
+                          route_feedback=route_feedback, ready=ready)
 
     prefix = settings.REDIS_KEY_PREFIX
     client = redis_client(settings.REDIS_URL)
@@ -99,6 +103,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     background = []
     if usage is not None:
         background.append(lambda: ship_to_redis(usage, client, prefix + "usage"))
+    background.append(lambda: ship_to_redis(route_feedback.queue, client,
+                                            prefix + "route_feedback", what="route feedback"))
     channel = prefix + "tasks"
 
     async def ring() -> None:
@@ -115,7 +121,7 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                       tunnels=TunnelHub(table=table, authenticate=agent_of_token,
                                         directory=RedisDirectory(client, prefix),
                                         relay=channel_layer()),
-                      ready=ready)
+                      route_feedback=route_feedback, ready=ready)
 
 
 def channel_layer():

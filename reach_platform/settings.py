@@ -350,10 +350,12 @@ GATEWAY_BREAKER_FAILURE_RATIO = env.float("REACH_BREAKER_FAILURE_RATIO", default
 GATEWAY_BREAKER_MIN_VOLUME = env.int("REACH_BREAKER_MIN_VOLUME", default=10)
 GATEWAY_BREAKER_COOLDOWN_S = env.float("REACH_BREAKER_COOLDOWN_S", default=30.0)
 
-# Intent matching: "lexical" (default) or "minilm" (needs the semantic extra).
-INTENT_EMBEDDER = env.str("REACH_INTENT_EMBEDDER", default="lexical")
-# Minimum match score for an intent to name a capability (0..1.7).
-INTENT_THRESHOLD = env.float("REACH_INTENT_THRESHOLD", default=0.05)
+# Intent matching: "multilingual" (default: a Chinese/English sentence encoder shipped in
+# a package, about 80 MB per gateway process) or "lexical" (words only).
+INTENT_EMBEDDER = env.str("REACH_INTENT_EMBEDDER", default="multilingual")
+# Minimum match score for an intent to name a capability; unset: the matcher's own for
+# the embedder (0.19 multilingual, 0.05 lexical), chosen on the routing tuning set.
+INTENT_THRESHOLD = env.float("REACH_INTENT_THRESHOLD", default=None)
 
 # A SQLite limitation the embedded mode accepts: the daily-usage uniqueness with
 # NULL agent/capability is enforced on PostgreSQL only (one writer fills it).

@@ -25,3 +25,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}  # noqa: F405
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
+# Words only in-process: the sentence encoder costs 2 s and 80 MB per process. Tests of
+# intent routing turn it on themselves (tests/routing, tests/gateway/test_intent_*).
+INTENT_EMBEDDER = os.environ.get("REACH_INTENT_EMBEDDER", "lexical")

@@ -1,11 +1,15 @@
 """Intent matching: which capability (or ordered plan of capabilities) a request means.
 
-Scores, from the field reports: an exact capability id is 1.0; a lexical
-(keyword / description) match contributes up to 0.5; semantic similarity
-from an optional embedder up to 0.2. A capability below ``threshold`` is not
-a match. Lexical matching is TF-IDF cosine over the features of
-``routing.text`` (English stems and trigrams, Chinese n-grams), plus a bonus
-when a declared keyword appears verbatim in the request.
+An exact capability id scores 1.0. Otherwise, with the sentence encoder (the default,
+``routing.embedders``), a capability scores its calibrated semantic similarity to the
+request (``routing.semantic``: its best units, read against everyday requests and
+against the other capabilities written in its language) plus 0.3 x its lexical match,
+minus a push when the request is closer to one of its "not for" hints; without the
+encoder, half its lexical match. Lexical matching is BM25 over the features of
+``routing.text`` (English stems and trigrams, Chinese n-grams, lexicon concepts), plus
+a bonus when a declared keyword appears verbatim. A capability below ``threshold`` is
+not a match; the best match carries a confidence and its margin to the runner-up.
+Weights and thresholds were chosen on the tuning set of ``bench/routing.py`` only.
 """
 
 from __future__ import annotations
@@ -14,18 +18,37 @@ import copy
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 from immutables import Map
 
+from routing.semantic import Vectors, background_floor, negatives, units
 from routing.text import TO_LANGUAGE, clauses, features, normalise, stem, words
 
 EXACT_SCORE = 1.0
+# Without an embedder a score is half the lexical match, and 0.05 is enough.
 LEXICAL_WEIGHT = 0.5
-SEMANTIC_WEIGHT = 0.2
 DEFAULT_THRESHOLD = 0.05
+# With one, the calibrated semantic similarity leads and words add to it. Weights and
+# threshold were chosen on the tuning set only (``bench/routing.py``): the threshold as
+# the highest that wrongly refuses at most 3 % of its answerable requests.
+SEMANTIC_LEXICAL_WEIGHT = 0.3
+SEMANTIC_THRESHOLD = 0.19
+# A request closer to a capability's "not for" hint than to anything it is for loses
+# this much per unit of the difference, plus the base: enough to drop below another.
+NEGATIVE_WEIGHT = 2.0
+NEGATIVE_BASE = 0.1
+# A tenant's learned phrase (``routing feedback``) this close to the request counts as
+# one of the capability's own texts, with a bonus: the tenant said so.
+LEARNED_SIMILARITY = 0.75
+LEARNED_LEXICAL_OVERLAP = 0.6
+LEARNED_BONUS = 0.15
+# Two matches closer than this are a coin toss: a caller may ask to confirm.
+AMBIGUITY_MARGIN = 0.03
+# Confidence is a logistic of the best score's distance to the threshold.
+CONFIDENCE_SCALE = 0.05
 
 # How much each kind of feature counts: lexicon concepts say most about what
 # is wanted; whole words and Chinese bigrams carry meaning; trigrams and single
@@ -40,8 +63,11 @@ KEYWORD_BONUS_CAP = 0.5
 # served by capabilities that declare translation directions; the others
 # keep only this share of their lexical score.
 OTHER_LANGUAGE_PENALTY = 0.7
-COVER_SHARE = 0.45
-STEP_SHARE = 0.4
+# One capability scoring at least this share of every part's best covers the whole
+# request (no plan); a part whose best is an earlier step takes its runner-up when that
+# scores this share of the best. Both chosen on the tuning set.
+COVER_SHARE = 0.7
+REPEAT_SHARE = 0.8
 UNKNOWN_CJK_BIGRAM = 0.2
 # Matches kept per request: the ranked list a dry run shows, and the pool a
 # covering capability is looked for in.
@@ -58,9 +84,12 @@ def _kind_weight(feature: str) -> float:
 
 
 class Embedder(Protocol):
-    """Maps texts to unit-length vectors; similarity is their dot product."""
+    """Maps texts to unit-length vectors of ``dimensions``; similarity is their dot
+    product. ``routing.embedders`` has the real one."""
 
-    def embed(self, texts: Sequence[str]) -> list[Sequence[float]]: ...
+    dimensions: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -73,12 +102,18 @@ class CapabilityText:
     keywords: tuple[str, ...] = ()
     # Declares translation directions: it answers "in <language>" requests.
     changes_language: bool = False
+    # Requests the team expects (A2A skills' ``examples``), and what it is not for
+    # ("parcel tracking (use logistics.track)"): the second pushes matches away.
+    examples: tuple[str, ...] = ()
+    not_for: tuple[str, ...] = ()
 
     def document(self) -> str:
         name = self.capability_id.replace(".", " ").replace("_", " ").replace("-", " ")
         # Names and keywords are what a team chose to be found by: counted twice.
+        # Examples are how callers will ask; what it is not for never attracts a match.
         return " ".join([name, name, self.display_name, self.display_name,
-                         " ".join(self.keywords), " ".join(self.keywords), self.description])
+                         " ".join(self.keywords), " ".join(self.keywords), self.description,
+                         " ".join(self.examples)])
 
 
 @dataclass(frozen=True)
@@ -88,6 +123,8 @@ class Score:
     exact: float = 0.0
     lexical: float = 0.0
     semantic: float = 0.0
+    negative: float = 0.0
+    learned: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -100,10 +137,25 @@ class Match:
     plan: tuple[str, ...] = ()
     covered: bool = False  # a multi-part request that one capability covers
     clauses: tuple[str, ...] = field(default=())
+    # The closest capabilities below the threshold, when nothing matched: what a refusal
+    # suggests instead.
+    suggestions: tuple[Score, ...] = ()
+    # How sure the best match is, in (0, 1): 0.5 at the threshold. ``margin`` is its lead
+    # over the runner-up (its whole score when alone).
+    confidence: float = 0.0
+    margin: float = 0.0
+    # Per step of a plan, its confidence.
+    step_confidence: tuple[float, ...] = ()
 
     @property
     def best(self) -> Score | None:
         return self.ranked[0] if self.ranked else None
+
+    @property
+    def ambiguous(self) -> bool:
+        """Two capabilities both match and nearly tie: ask rather than guess."""
+        return len(self.ranked) > 1 and not self.plan and \
+            self.margin < AMBIGUITY_MARGIN and self.ranked[0].exact == 0.0
 
 
 class IntentIndex:
@@ -122,8 +174,10 @@ class IntentIndex:
         capabilities: Sequence[CapabilityText],
         *,
         embedder: Embedder | None = None,
-        threshold: float = DEFAULT_THRESHOLD,
+        threshold: float | None = None,
     ) -> None:
+        if threshold is None:
+            threshold = SEMANTIC_THRESHOLD if embedder else DEFAULT_THRESHOLD
         self.threshold = threshold
         self._embedder = embedder
         # Per slot, the text there; None is a free slot, taken by the next text added.
@@ -132,7 +186,10 @@ class IntentIndex:
         self._free: list[int] = []
         self._lengths = np.zeros(0)
         self._keeps_language = np.zeros(0, dtype=bool)
-        self._vectors: list | None = [] if embedder else None
+        # Per slot, the language its text is written in (0 English or other, 1 Chinese).
+        self._written_in = np.zeros(0, dtype=np.int8)
+        self._units = Vectors.empty(embedder.dimensions) if embedder else None
+        self._negatives = Vectors.empty(embedder.dimensions) if embedder else None
         # Per feature, a (2, documents) array: the slots it occurs in, and how often.
         self._postings: Map = Map()  # feature -> np.ndarray
         # How many features occur in each number of documents: the rarest gives max idf.
@@ -191,16 +248,21 @@ class IntentIndex:
             p.length for _, p in leaving)
         self._lengths = _per_slot(self._lengths, len(texts),
                                   ((s, p.length) for s, p in joining))
+        self._live = np.fromiter((t is not None for t in texts), dtype=bool, count=len(texts))
+        self._written_in = _per_slot(self._written_in, len(texts),
+                                     ((s, _language_of(c)) for (s, _), c in
+                                      zip(joining, new, strict=True)))
         self._keeps_language = _per_slot(self._keeps_language, len(texts),
                                          ((s, not c.changes_language)
                                           for (s, _), c in zip(joining, new, strict=True)))
-        if self._vectors is not None:
-            vectors = self._embedder.embed([c.document() for c in new]) if new else []
-            self._vectors = self._vectors + [None] * (len(texts) - len(self._vectors))
-            for slot, _ in leaving:
-                self._vectors[slot] = None
-            for (slot, _), vector in zip(joining, vectors, strict=True):
-                self._vectors[slot] = vector
+        if self._embedder is not None:
+            self._units = self._units.changed(
+                [s for s, _ in leaving],
+                self._embedded(joining, new, lambda c: units(c.display_name, c.keywords,
+                                                             c.description, c.examples)))
+            self._negatives = self._negatives.changed(
+                [s for s, _ in leaving],
+                self._embedded(joining, new, lambda c: negatives(c.not_for)))
         self._change_postings(leaving, joining)
         self._change_keywords(leaving, joining)
         self._speller = self._speller.changed(
@@ -278,10 +340,32 @@ class IntentIndex:
                     by_start.pop(start, None)
         self._keyword_slots, self._keywords_by_start = keyword_slots, by_start
 
+    def _embedded(self, joining, new, texts_of) -> list[tuple[int, np.ndarray]]:
+        """``(slot, vectors of texts_of(text))`` per joining text, in one embedding call."""
+        per_text = [texts_of(c) for c in new]
+        flat = [t for texts in per_text for t in texts]
+        vectors = np.asarray(self._embedder.embed(flat), dtype=np.float32) if flat else None
+        out, at = [], 0
+        for (slot, _), texts in zip(joining, per_text, strict=True):
+            out.append((slot, vectors[at:at + len(texts)] if texts else np.zeros((0, 1))))
+            at += len(texts)
+        return out
+
     def _weight(self, feature: str) -> float:
         return self._idf[self._postings[feature].shape[1]] * _kind_weight(feature)
 
     def lexical(self, text: str) -> dict[int, float]:
+        """Per slot with a lexical match worth keeping, its lexical score (below)."""
+        found = self._lexical_array(text)
+        if found is None:
+            return {}
+        sims, touched = found
+        candidates = np.nonzero(touched & (sims * LEXICAL_WEIGHT >= self.threshold * 0.5))[0]
+        if len(candidates) > MAX_CANDIDATES:
+            candidates = self._best(candidates, sims)
+        return {int(i): float(sims[i]) for i in candidates}
+
+    def _lexical_array(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
         """How much of the request a capability explains, in [0, 1]: the BM25 score of
         the capability against the request's known features, divided by the best
         score any document could reach; plus the keyword bonus, capped at 1.
@@ -304,7 +388,7 @@ class IntentIndex:
         )
         qnorm = (sum(query.values()) + unknown * self._max_idf) * (BM25_K1 + 1) or 1.0
         if not query:
-            return {}
+            return None
         # The query's features' postings side by side, summed per slot in one bincount.
         rows = [self._postings[f] for f in query]
         slots, tf = np.concatenate(rows, axis=1)
@@ -330,10 +414,7 @@ class IntentIndex:
         sims = np.minimum(1.0, sims + np.minimum(KEYWORD_BONUS_CAP, KEYWORD_BONUS * hits))
         if TO_LANGUAGE in query:
             sims[self._keeps_language] *= OTHER_LANGUAGE_PENALTY
-        candidates = np.nonzero(touched & (sims * LEXICAL_WEIGHT >= self.threshold * 0.5))[0]
-        if len(candidates) > MAX_CANDIDATES:
-            candidates = self._best(candidates, sims)
-        return {int(i): float(sims[i]) for i in candidates}
+        return sims, touched
 
     def _best(self, candidates: np.ndarray, sims: np.ndarray) -> np.ndarray:
         """The ``MAX_CANDIDATES`` best; ties at the cut go to the smaller capability ids,
@@ -349,46 +430,106 @@ class IntentIndex:
         return np.concatenate([above, np.array(tied[:MAX_CANDIDATES - len(above)],
                                                dtype=above.dtype)])
 
-    def scores(self, text: str) -> list[Score]:
-        """Every capability at or above the threshold, best first."""
+    def scores(self, text: str, learned: Sequence = ()) -> list[Score]:
+        """Every capability at or above the threshold, best first. ``learned``: the
+        calling tenant's learned phrases (items with ``capability_id`` and ``phrase``)."""
+        return self._scored(text, learned)[0]
+
+    def _scored(self, text: str, learned: Sequence = ()) -> tuple[list[Score], list[Score]]:
+        """The matches, and the closest capabilities below the threshold (at most 3)."""
         stripped = text.strip()
-        lexical = self.lexical(stripped)
-        semantic: dict[int, float] = {}
-        if self._vectors is not None:
-            (q,) = self._embedder.embed([stripped])
-            semantic = {
-                i: max(0.0, sum(a * b for a, b in zip(q, v, strict=True)))
-                for i, v in enumerate(self._vectors) if v is not None
-            }
-        out = []
-        for index in set(lexical) | set(semantic):
-            lex, sem = lexical.get(index, 0.0), semantic.get(index, 0.0)
-            total = LEXICAL_WEIGHT * lex + SEMANTIC_WEIGHT * sem
-            if total >= self.threshold:
-                out.append(Score(self._texts[index].capability_id, round(total, 6), 0.0,
-                                 lex, sem))
+        if self._embedder is None:
+            lexical = self.lexical(stripped)
+            matched = [Score(self._texts[i].capability_id, round(LEXICAL_WEIGHT * v, 6), 0.0, v)
+                       for i, v in lexical.items()]
+            boosted = self._learned_lexical(stripped, learned)
+            matched = _with_learned(matched, boosted, self._slots, self._texts)
+            return self._finish(stripped, matched, [])
+        slots = len(self._texts)
+        found = self._lexical_array(stripped)
+        lexical = found[0] if found is not None else np.zeros(slots)
+        (query,) = np.asarray(self._embedder.embed([stripped]), dtype=np.float32)
+        first, second = self._units.best_two(query, slots)
+        for entry in learned:  # the tenant's own phrases count as the capability's units
+            slot = self._slots.get(entry.capability_id)
+            if slot is not None:
+                (vector,) = np.asarray(self._embedder.embed([entry.phrase]), dtype=np.float32)
+                sim = float(vector @ query)
+                if sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
+                    second[slot] = max(second[slot], first[slot])
+                    first[slot] = sim + LEARNED_BONUS
+        semantic = _centred_by_language(
+            np.where(second > -1, (first + second) / 2, first), self._written_in, live_mask :=
+            self._live) - background_floor(self._embedder, query)
+        against, _ = self._negatives.best_two(query, slots)
+        push = np.where(against > first, NEGATIVE_WEIGHT * (against - first) + NEGATIVE_BASE, 0.0)
+        total = SEMANTIC_LEXICAL_WEIGHT * np.minimum(lexical, 1.0) + semantic - push
+        live = live_mask
+        ranked = np.where(live, total, -np.inf)
+        if slots > MAX_CANDIDATES:  # the best few without sorting the fleet
+            top = np.argpartition(-ranked, MAX_CANDIDATES)[:MAX_CANDIDATES]
+            order = top[np.lexsort((top, -ranked[top]))]
+        else:
+            order = np.argsort(-ranked, kind="stable")
+        matched, near = [], []
+        for i in order:
+            if not live[i]:
+                break
+            # Rounded: an index updated in place and one built afresh hold the same
+            # vectors in other rows, and a matrix product may differ in the last bits.
+            score = Score(self._texts[i].capability_id, round(float(total[i]), 6), 0.0,
+                          round(float(lexical[i]), 6), round(float(semantic[i]), 6),
+                          round(float(push[i]), 6), 1.0 if first[i] > 1 else 0.0)
+            (matched if total[i] >= self.threshold else near).append(score)
+        return self._finish(stripped, matched, near[:3])
+
+    def _finish(self, stripped: str, matched: list[Score], near: list[Score]
+                ) -> tuple[list[Score], list[Score]]:
+        matched = [s for s in matched if s.score >= self.threshold]
         if stripped in self._slots:
-            out = [s for s in out if s.capability_id != stripped]
-            out.append(Score(stripped, EXACT_SCORE, EXACT_SCORE))
-        out.sort(key=lambda s: (-s.score, s.capability_id))
+            matched = [s for s in matched if s.capability_id != stripped]
+            matched.append(Score(stripped, EXACT_SCORE, EXACT_SCORE))
+        key = lambda s: (-s.score, s.capability_id)  # noqa: E731
+        return sorted(matched, key=key), sorted(near, key=key)
+
+    def _learned_lexical(self, text: str, learned: Sequence) -> dict[str, float]:
+        """Without an embedder: a learned phrase sharing most of its features with the
+        request lifts its capability to at least the phrase's overlap."""
+        if not learned:
+            return {}
+        mine = set(features(text))
+        out: dict[str, float] = {}
+        for entry in learned:
+            theirs = set(features(entry.phrase))
+            if mine and theirs:
+                overlap = len(mine & theirs) / len(mine | theirs)
+                if overlap >= LEARNED_LEXICAL_OVERLAP:
+                    out[entry.capability_id] = max(out.get(entry.capability_id, 0.0), overlap)
         return out
 
-    def match(self, text: str) -> Match:
-        whole = self.scores(text)
+    def match(self, text: str, *, learned: Sequence = ()) -> Match:
+        whole, near = self._scored(text, learned)
         parts = clauses(text)
+        single = Match(ranked=tuple(whole), clauses=tuple(parts), suggestions=tuple(near),
+                       **self._sureness(whole))
         if len(parts) < 2:
-            return Match(ranked=tuple(whole), clauses=(text,))
-        per_clause = [self.scores(p) for p in parts]
-        # A part whose best match is weak next to the others is a detail of its
-        # neighbour ("…, 统计每个部门的平均工资" inside a SQL request), not a step.
-        strongest = max((r[0].score for r in per_clause if r), default=0.0)
+            return single
+        per_clause = [self.scores(p, learned) for p in parts]
         plan: list[str] = []
+        sureness: list[float] = []
         for ranked in per_clause:
-            if (ranked and ranked[0].score >= STEP_SHARE * strongest
-                    and ranked[0].capability_id not in plan):
-                plan.append(ranked[0].capability_id)
+            step = ranked[0] if ranked else None
+            if step is not None and step.capability_id in plan:
+                # "Draft it, then send it": a part whose best is an earlier step takes its
+                # next match when that is nearly as good; else it is a detail of that step.
+                step = next((s for s in ranked[1:3] if s.capability_id not in plan
+                             and s.score >= REPEAT_SHARE * ranked[0].score), None)
+            if step is not None:
+                plan.append(step.capability_id)
+                sureness.append(self._sureness([step, *[r for r in ranked if r is not step]]
+                                                )["confidence"])
         if len(plan) < 2:
-            return Match(ranked=tuple(whole), clauses=tuple(parts))
+            return single
         # One capability that matches every part reasonably well (a fair share of
         # that part's best) is a single step that covers the whole request.
         for candidate in whole[:3]:
@@ -397,8 +538,58 @@ class IntentIndex:
                 for r in per_clause if r
             ):
                 ranked = (candidate, *[s for s in whole if s is not candidate])
-                return Match(ranked=ranked, covered=True, clauses=tuple(parts))
-        return Match(ranked=tuple(whole), plan=tuple(plan), clauses=tuple(parts))
+                return replace(single, ranked=ranked, covered=True,
+                               **self._sureness(list(ranked)))
+        return replace(single, plan=tuple(plan), step_confidence=tuple(sureness))
+
+    def _sureness(self, ranked: Sequence[Score]) -> dict:
+        if not ranked:
+            return {"confidence": 0.0, "margin": 0.0}
+        best = ranked[0].score
+        margin = best - (ranked[1].score if len(ranked) > 1 else 0.0)
+        confidence = 1.0 / (1.0 + math.exp(-(best - self.threshold) / CONFIDENCE_SCALE))
+        return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
+
+
+def _with_learned(matched: list[Score], boosted: Mapping[str, float], slots, texts
+                  ) -> list[Score]:
+    """Lexical scores with the learned overlaps folded in (the larger wins, plus a bonus)."""
+    if not boosted:
+        return matched
+    by_id = {s.capability_id: s for s in matched}
+    for cid, overlap in boosted.items():
+        if cid not in slots:
+            continue
+        was = by_id.get(cid)
+        score = max(was.score if was else 0.0, LEXICAL_WEIGHT * overlap + LEARNED_BONUS)
+        by_id[cid] = Score(cid, round(score, 6), 0.0, was.lexical if was else 0.0, 0.0, 0.0,
+                           overlap)
+    return list(by_id.values())
+
+
+# A group needs a few members for its mean to say anything about the encoder's bias.
+_GROUP_MIN = 3
+
+
+def _centred_by_language(similarity: np.ndarray, written_in: np.ndarray, live: np.ndarray
+                         ) -> np.ndarray:
+    """Similarities with each description language's mean taken out and the overall mean
+    put back: the encoder ranks a request's own language closer than a translation of
+    the same meaning, so a Chinese request would favour Chinese descriptions; only how a
+    capability stands among those written in its language is compared."""
+    groups = np.bincount(written_in[live], minlength=2)
+    if (groups < _GROUP_MIN).any():
+        return similarity
+    sums = np.bincount(written_in[live], weights=similarity[live], minlength=2)
+    means = sums / groups
+    return similarity - means[written_in] + sums.sum() / groups.sum()
+
+
+def _language_of(c: CapabilityText) -> int:
+    """1 when a capability is described mostly in Chinese, else 0."""
+    text = f"{c.display_name} {c.description}"
+    cjk = sum(1 for ch in text if "\u3400" <= ch <= "\u9fff")
+    return int(cjk > 0.3 * max(1, len(text.replace(" ", ""))))
 
 
 def _score_of(ranked: Sequence[Score], capability_id: str) -> float:

@@ -114,6 +114,14 @@ class Decision:
     plan: tuple[str, ...] = ()
     covered: bool = False
     error: str | None = None
+    # Intent decisions: how sure the match is, its lead over the runner-up, whether the
+    # two nearly tie (a caller may confirm instead), the closest capabilities when none
+    # matched, and each plan step's confidence.
+    confidence: float | None = None
+    margin: float | None = None
+    needs_confirmation: bool = False
+    suggestions: tuple[Score, ...] = ()
+    step_confidence: tuple[float, ...] = ()
 
     def explain(self) -> dict:
         out = {
@@ -125,11 +133,20 @@ class Decision:
         if self.matches:
             out["matches"] = [
                 {"capability": s.capability_id, "score": s.score, "exact": s.exact,
-                 "lexical": round(s.lexical, 4), "semantic": round(s.semantic, 4)}
+                 "lexical": round(s.lexical, 4), "semantic": round(s.semantic, 4),
+                 "negative": round(s.negative, 4), "learned": round(s.learned, 4)}
                 for s in self.matches[:10]
             ]
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
+            out["margin"] = self.margin
+            out["needs_confirmation"] = self.needs_confirmation
+        if self.suggestions:
+            out["suggestions"] = [{"capability": s.capability_id, "score": s.score}
+                                  for s in self.suggestions]
         if self.plan:
             out["plan"] = list(self.plan)
+            out["step_confidence"] = list(self.step_confidence)
         if self.covered:
             out["covered"] = True
         if self.error:
@@ -484,16 +501,20 @@ class Router:
         if index is None:
             # A large fleet's first intent index is still being built (``follow``).
             return Decision(capability=None, chosen=None, error="service_unavailable")
-        match: Match = index.match(request.intent or "")
+        match: Match = index.match(request.intent or "",
+                                   learned=table.learned_by_tenant.get(request.tenant_pk, ()))
+        sure = {"confidence": match.confidence, "margin": match.margin,
+                "needs_confirmation": match.ambiguous}
         if not match.ranked:
-            return Decision(capability=None, chosen=None, error="no_capability")
+            return Decision(capability=None, chosen=None, error="no_capability",
+                            suggestions=match.suggestions, **sure)
         if match.plan:
             first = self._route_capability(table, request, match.plan[0], match.ranked,
                                            pick=pick, exclude=exclude)
             return Decision(
                 capability=match.plan[0], chosen=first.chosen, candidates=first.candidates,
                 dropped=first.dropped, matches=match.ranked, plan=match.plan,
-                error=first.error,
+                error=first.error, step_confidence=match.step_confidence, **sure,
             )
         # The best-matching capability that some instance can serve; the others
         # are reported as dropped with the reason their candidates failed.
@@ -506,13 +527,13 @@ class Router:
                 return Decision(
                     capability=decision.capability, chosen=decision.chosen,
                     candidates=decision.candidates, dropped=(*dropped, *decision.dropped),
-                    matches=match.ranked, covered=match.covered,
+                    matches=match.ranked, covered=match.covered, **sure,
                 )
             dropped.extend(decision.dropped)
             last = decision
         return Decision(
             capability=match.ranked[0].capability_id, chosen=None, dropped=tuple(dropped),
-            matches=match.ranked, error=last.error if last else "no_capability",
+            matches=match.ranked, error=last.error if last else "no_capability", **sure,
         )
 
     def _route_capability(self, table, request, capability_id, matches, *, pick,
@@ -715,6 +736,8 @@ def capability_text(table: RouteTable, capability_id: str) -> CapabilityText | N
         " ".join(d for d in dict.fromkeys(c.description for c in caps) if d),
         tuple(dict.fromkeys(k for c in caps for k in c.keywords)),
         any(c.directions for c in caps),
+        examples=tuple(dict.fromkeys(e for c in caps for e in c.examples)),
+        not_for=tuple(dict.fromkeys(n for c in caps for n in c.not_for)),
     )
 
 
@@ -750,7 +773,9 @@ def touched_capabilities(before: RouteTable, after: RouteTable) -> set[str]:
     }
 
 
-SYNC_FIRST_BUILD_MAX = 1000  # capability ids: about 0.1 s to index
+SYNC_FIRST_BUILD_MAX = 1000  # capability ids: about 0.1 s to index by words
+# With the sentence encoder each capability is some five texts to embed (about 1 ms each).
+SYNC_FIRST_BUILD_MAX_EMBEDDED = 100
 
 
 class IntentIndexHolder:
@@ -781,7 +806,9 @@ class IntentIndexHolder:
         Retry-After until the index is there. ``after_first`` runs once the first index
         exists (the process gives back the memory its build freed)."""
         self._after_first = after_first
-        if len(subscriber.table.agents_by_capability) <= SYNC_FIRST_BUILD_MAX:
+        limit = SYNC_FIRST_BUILD_MAX_EMBEDDED if self._kwargs.get("embedder") \
+            else SYNC_FIRST_BUILD_MAX
+        if len(subscriber.table.agents_by_capability) <= limit:
             self.update(subscriber.table)
         else:
             self._schedule(subscriber.table)

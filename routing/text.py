@@ -134,11 +134,12 @@ _EN_VERBS = (
 )
 _ZH_VERBS = r"翻译|总结|概括|发|写|生成|画|统计|提取|整理|搜|查|算|做|约|提交|再"
 _SPLITTERS = re.compile(
-    r"(?:然后再|然后|之后再|之后|接着|随后|完了再|以后再|最后再|顺便再|顺便|并且|同时"
+    r"(?:然后再|然后|之后再|之后|接着|随后|完了再|以后再|最后再|顺便再|顺便|并且|同时|另外|(?<=的话)"
     r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])|再(?=[把将帮给用发翻转做写生总提画统])"
     rf"|[，,]\s*(?=(?:{_ZH_VERBS}))"
     rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)"
-    r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!])\s*also\b"
+    r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"
+    r"|\bonce (?:done|that'?s done|finished)\b|\bwhen (?:done|finished)\b"
     r"|\bfollowed by\b|\bplus\b"
     rf"|\band(?=\s+(?:{_EN_VERBS})\b)|[;；])",
     re.IGNORECASE,
@@ -160,6 +161,14 @@ def clauses(text: str) -> list[str]:
     return out or [text]
 
 
+_ACTION = re.compile(rf"(?:{_ZH_VERBS}|翻|译|订|约|提醒|转|画|审|报|识别|查)"
+                     rf"|\b(?:{_EN_VERBS}|remind|book|order|print|ship)\b", re.IGNORECASE)
+
+
 def _too_short(part: str) -> bool:
+    """Too short to be a step: a few characters that name no action ("写完", "ok");
+    "发给 Tom" or "then send it" name one and stay a step."""
     cjk = sum(len(run) for run in _CJK.findall(part))
-    return cjk < 4 and len(_WORD.findall(normalise(part))) < 2
+    if cjk >= 4 or len(_WORD.findall(normalise(part))) >= 2:
+        return False
+    return not _ACTION.search(normalise(part))

@@ -23,7 +23,8 @@ def first_run(tmp_path_factory):
     log = tmp / "log"
     # Embedded mode: no DATABASE_URL, no REDIS_URL, secrets generated into the data dir.
     env = platform_env(tmp / "var")
-    for name in ("REACH_SECRET_KEY", "REACH_CREDENTIAL_KEYS"):
+    # What a fresh clone runs: its defaults, the sentence encoder included.
+    for name in ("REACH_SECRET_KEY", "REACH_CREDENTIAL_KEYS", "REACH_INTENT_EMBEDDER"):
         env.pop(name)
     args = ["manage.py", "reach_run", "--port", str(port)]
     with running(args, env=env, port=port, log=log) as base:

@@ -1,0 +1,117 @@
+"""Intent calls on a real gateway with the sentence encoder: confidence, confirmation,
+refusal with suggestions, and a request reaching a capability described in another
+language. The agent is a real loopback server that records every call it gets."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import httpx
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from registry.models import Instance
+from registry.services import agent_register
+from registry.spec import AgentSpec, CapabilitySpec
+from tenants.choices import ApiKeyScope
+from tests import factories
+from tests.gateway.conftest import database_url
+from tests.support.inprocess import start_scripted_agent, stop_process
+from tests.support.servers import free_port, platform_env, running, uvicorn_args
+
+TWIN = "Translates business documents between Chinese and English, keeping the layout."
+
+
+@pytest.fixture
+def gateway(transactional_db, tmp_path):
+    factories.seed_defaults()
+    tenant = factories.tenant()
+    agent_port = free_port()
+    agent = start_scripted_agent(agent_port).proc
+    endpoint = f"http://127.0.0.1:{agent_port}/"
+    try:
+        capabilities = (
+            CapabilitySpec(capability_id="translate.formal", display_name="Translation",
+                           description=TWIN, path="/echo"),
+            CapabilitySpec(capability_id="translate.casual", display_name="Translation",
+                           description=TWIN, path="/echo"),
+            CapabilitySpec(capability_id="slides.generate", display_name="演示文稿生成",
+                           description="根据提纲或文档自动生成 PPT 演示文稿，支持公司模板。",
+                           path="/echo"),
+            CapabilitySpec(capability_id="weather.forecast", display_name="天气预报",
+                           description="查询城市未来七天的天气、气温和降雨概率。", path="/echo"),
+        )
+        agent_register(tenant=tenant, spec=AgentSpec(name="scripted", endpoint=endpoint,
+                                                     capabilities=capabilities))
+        Instance.objects.update(lease_expires_at=timezone.now() + dt.timedelta(hours=1))
+        key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
+        env = platform_env(tmp_path, DATABASE_URL=database_url(),
+                           REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
+                           REACH_INTENT_EMBEDDER="multilingual")
+        port = free_port()
+        with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "gw.log") as base:
+            client = httpx.Client(base_url=base, timeout=30,
+                                  headers={"Authorization": f"Bearer {key}"})
+            yield client, f"http://127.0.0.1:{agent_port}"
+            client.close()
+    finally:
+        stop_process(agent)
+
+
+def calls(agent: str) -> int:
+    return sum(1 for seen in httpx.get(f"{agent}/_seen").json() if seen["path"] == "/echo")
+
+
+def test_an_ambiguous_intent_with_on_ambiguity_ask_returns_candidates_and_calls_nobody(gateway):
+    client, agent = gateway
+    intent = "translate this contract into English"
+    dry = client.get("/v1/route", params={"intent": intent}).json()
+    assert dry["needs_confirmation"] is True and dry["margin"] < 0.03
+    assert 0 < dry["confidence"] < 1
+    asked = client.post("/v1/invoke", json={"intent": intent, "on_ambiguity": "ask",
+                                            "input": {"text": "合同"}})
+    assert asked.status_code == 300, asked.text
+    error = asked.json()["error"]
+    assert error["code"] == "needs_confirmation" and error["retryable"] is False
+    assert {c["capability"] for c in error["details"]["candidates"]} == {
+        "translate.formal", "translate.casual"}
+    assert calls(agent) == 0
+    # The caller repeats the call naming its choice: now an agent is called.
+    chosen = client.post("/v1/invoke", json={"capability": "translate.casual",
+                                             "input": {"text": "合同"}})
+    assert chosen.status_code == 200, chosen.text
+    assert chosen.json()["capability"] == "translate.casual" and calls(agent) == 1
+    # Without "ask" the gateway guesses, as before.
+    guessed = client.post("/v1/invoke", json={"intent": intent, "input": {"text": "合同"}})
+    assert guessed.status_code == 200 and calls(agent) == 2
+
+
+def test_on_ambiguity_is_checked(gateway):
+    client, agent = gateway
+    bad = client.post("/v1/invoke", json={"intent": "translate this", "on_ambiguity": "maybe",
+                                          "input": {}})
+    assert bad.status_code == 400 and bad.json()["error"]["details"]["on_ambiguity"]
+    assert calls(agent) == 0
+
+
+def test_an_english_intent_reaches_a_capability_described_only_in_chinese(gateway):
+    client, _ = gateway
+    body = client.get("/v1/route", params={
+        "intent": "Build a presentation from my project outline for Monday"}).json()
+    assert body["capability"] == "slides.generate", body
+    assert body["needs_confirmation"] is False and body["confidence"] > 0.5
+    answer = client.post("/v1/invoke", json={
+        "intent": "will it rain in Hangzhou this weekend?", "input": {}})
+    assert answer.status_code == 200 and answer.json()["capability"] == "weather.forecast"
+
+
+def test_a_request_nothing_matches_is_refused_with_suggestions(gateway):
+    client, agent = gateway
+    refused = client.post("/v1/invoke", json={"intent": "给我朋友转账五百块", "input": {}})
+    assert refused.status_code == 404, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "no_capability" and error["details"]["suggestions"]
+    dry = client.get("/v1/route", params={"intent": "给我朋友转账五百块"})
+    assert dry.status_code == 404 and dry.json()["route"]["suggestions"]
+    assert calls(agent) == 0
