@@ -376,6 +376,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--registrations", type=int, default=40)
     parser.add_argument("--gateways", type=int, default=4)
+    # The sentence encoder (the default) adds its weights and every capability's vectors
+    # to each gateway: the fleet figures are for gateways matching by words, and
+    # ``--embedder multilingual`` measures the difference.
+    parser.add_argument("--embedder", default="lexical", choices=("lexical", "multilingual"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
@@ -396,6 +400,7 @@ def main() -> None:
         "REACH_SECRET_KEY": "bench-" + uuid.uuid4().hex,
         "REACH_CREDENTIAL_KEYS": Fernet.generate_key().decode(),
         "REACH_LOG_LEVEL": os.environ.get("FLEET_LOG_LEVEL", "WARNING"),
+        "REACH_INTENT_EMBEDDER": args.embedder,
     }
     os.environ.update(env)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
