@@ -45,6 +45,7 @@ NEGATIVE_BASE = 0.1
 LEARNED_SIMILARITY = 0.75
 LEARNED_LEXICAL_OVERLAP = 0.6
 LEARNED_BONUS = 0.15
+LEXICAL_SHORTLIST = 64
 # Two matches closer than this are a coin toss: a caller may ask to confirm.
 AMBIGUITY_MARGIN = 0.03
 # Confidence is a logistic of the best score's distance to the threshold.
@@ -449,7 +450,10 @@ class IntentIndex:
         found = self._lexical_array(stripped)
         lexical = found[0] if found is not None else np.zeros(slots)
         (query,) = np.asarray(self._embedder.embed([stripped]), dtype=np.float32)
-        first, second = self._units.best_two(query, slots)
+        # Capabilities the words point at are compared in full even in a large index.
+        also = np.argpartition(-lexical, LEXICAL_SHORTLIST)[:LEXICAL_SHORTLIST] \
+            if slots > LEXICAL_SHORTLIST else None
+        first, second = self._units.best_two(query, slots, also)
         for entry in learned:  # the tenant's own phrases count as the capability's units
             slot = self._slots.get(entry.capability_id)
             if slot is not None:
@@ -461,7 +465,7 @@ class IntentIndex:
         semantic = _centred_by_language(
             np.where(second > -1, (first + second) / 2, first), self._written_in, live_mask :=
             self._live) - background_floor(self._embedder, query)
-        against, _ = self._negatives.best_two(query, slots)
+        against, _ = self._negatives.best_two(query, slots, also)
         push = np.where(against > first, NEGATIVE_WEIGHT * (against - first) + NEGATIVE_BASE, 0.0)
         total = SEMANTIC_LEXICAL_WEIGHT * np.minimum(lexical, 1.0) + semantic - push
         live = live_mask
