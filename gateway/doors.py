@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 import orjson
 
 from gateway.http_io import parse_json
-from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message
+from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message, suggested
 from reach_core.errors import ReachError
 from routing.router import Router, RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
@@ -128,7 +128,7 @@ def chat_completions(request: Request, *, internal: bool) -> Call:
         raise ReachError("invalid_input", "'messages' must be a non-empty list.")
     stream = _stream_flag(body)
     route = _chat_route(request.table, request.key.tenant_pk, body.get("model"),
-                        request.header(b"x-reach-intent"),
+                        intent_header(request),
                         request.header(b"x-reach-namespace") or "default", internal)
     wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) \
         if isinstance(body.get("stream_options"), dict) else False
@@ -142,6 +142,22 @@ def chat_completions(request: Request, *, internal: bool) -> Call:
         finish=_chunk(chunk_id, "", {}, "stop") + b"data: [DONE]\n\n",
         keep_usage_events=wants_usage,
     )
+
+
+def intent_header(request: Request) -> str | None:
+    """``X-Reach-Intent``: UTF-8, raw or percent-encoded (HTTP headers are bytes, and a
+    Chinese intent arrives as its UTF-8 bytes from most clients, percent-encoded from
+    those that keep headers ASCII)."""
+    raw = request.header(b"x-reach-intent")
+    if raw is None:
+        return None
+    try:
+        text = raw.encode("latin-1").decode("utf-8")
+        return unquote(text, errors="strict") if "%" in text else text
+    except UnicodeDecodeError:
+        raise ReachError("invalid_input", "X-Reach-Intent must be UTF-8, raw or "
+                         "percent-encoded.", details={"X-Reach-Intent": ["not UTF-8"]}
+                         ) from None
 
 
 def _chunk(chunk_id: str, model: str, delta: dict, finish_reason: str | None) -> bytes:
@@ -232,7 +248,7 @@ def dry_run(router: Router, request: Request, *, internal: bool) -> dict:
         explained["capability"] = None
     if decision.error:
         raise ReachError(decision.error, route_message(decision, table, route),
-                         explain=explained)
+                         details=suggested(decision, table, route), explain=explained)
     return {"request_id": request.request_id, **explained}
 
 
@@ -253,6 +269,9 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
         raise ReachError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
     if not isinstance(capability or intent, str):
         raise ReachError("invalid_input", "'capability' and 'intent' must be strings.")
+    if isinstance(intent, str) and (not intent.strip() or "\x00" in intent):
+        raise ReachError("invalid_input", "'intent' must say what is wanted: not only "
+                         "spaces, and no NUL characters.", details={"intent": ["empty or NUL"]})
     if intent and len(intent) > MAX_INTENT_CHARS:
         # Matching costs in proportion to the text: a long one would hold the event loop
         # (a break test: 750 KB intents held every other call for seconds).

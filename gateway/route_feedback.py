@@ -35,10 +35,11 @@ MAX_INTENT_CHARS = 1000
 MAX_CAPABILITY_CHARS = 128
 MAX_BODY_BYTES = 16_384  # an intent of 1,000 characters, each escaped as \uXXXX, fits
 _FIELDS = ("intent", "capability", "routed_to")
-# An intent call that ended so was probably routed to the wrong capability, or to none.
+# An intent call that ended so was probably routed to the wrong capability, or to none;
+# one answered 300 needs_confirmation is followed by the caller's choice, which teaches.
 FAILED_INTENT_OUTCOMES = frozenset({
-    Outcome.NO_CAPABILITY, Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_TIMEOUT,
-    Outcome.UPSTREAM_BAD_RESPONSE, Outcome.UPSTREAM_REFUSED,
+    Outcome.NO_CAPABILITY, Outcome.NEEDS_CONFIRMATION, Outcome.UPSTREAM_ERROR,
+    Outcome.UPSTREAM_TIMEOUT, Outcome.UPSTREAM_BAD_RESPONSE, Outcome.UPSTREAM_REFUSED,
 })
 
 

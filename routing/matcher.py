@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -46,6 +46,9 @@ LEARNED_SIMILARITY = 0.75
 LEARNED_LEXICAL_OVERLAP = 0.6
 LEARNED_BONUS = 0.15
 LEXICAL_SHORTLIST = 64
+# A plan has at most this many steps: each part is matched on its own, and a request of
+# hundreds of parts would hold a gateway's event loop for half a second.
+MAX_STEPS = 5
 # Two matches closer than this are a coin toss: a caller may ask to confirm.
 AMBIGUITY_MARGIN = 0.03
 # Confidence is a logistic of the best score's distance to the threshold.
@@ -355,12 +358,14 @@ class IntentIndex:
     def _weight(self, feature: str) -> float:
         return self._idf[self._postings[feature].shape[1]] * _kind_weight(feature)
 
-    def lexical(self, text: str) -> dict[int, float]:
+    def lexical(self, text: str, allowed: np.ndarray | None = None) -> dict[int, float]:
         """Per slot with a lexical match worth keeping, its lexical score (below)."""
         found = self._lexical_array(text)
         if found is None:
             return {}
         sims, touched = found
+        if allowed is not None:
+            touched = touched & allowed
         candidates = np.nonzero(touched & (sims * LEXICAL_WEIGHT >= self.threshold * 0.5))[0]
         if len(candidates) > MAX_CANDIDATES:
             candidates = self._best(candidates, sims)
@@ -431,21 +436,32 @@ class IntentIndex:
         return np.concatenate([above, np.array(tied[:MAX_CANDIDATES - len(above)],
                                                dtype=above.dtype)])
 
-    def scores(self, text: str, learned: Sequence = ()) -> list[Score]:
+    def scores(self, text: str, learned: Sequence = (),
+               allowed: np.ndarray | None = None) -> list[Score]:
         """Every capability at or above the threshold, best first. ``learned``: the
-        calling tenant's learned phrases (items with ``capability_id`` and ``phrase``)."""
-        return self._scored(text, learned)[0]
+        calling tenant's learned phrases (items with ``capability_id`` and ``phrase``);
+        ``allowed``: the slots the caller may see (``allowed_slots``), None for all."""
+        return self._scored(text, learned, allowed)[0]
 
-    def _scored(self, text: str, learned: Sequence = ()) -> tuple[list[Score], list[Score]]:
+    def allowed_slots(self, visible: Callable[[str], bool]) -> np.ndarray:
+        """Per slot, whether its capability id is one the caller may see: a request is
+        matched among those only, so another tenant's private capabilities never move a
+        caller's choice, its plan, its confidence or its margin."""
+        return np.fromiter((t is not None and visible(t.capability_id) for t in self._texts),
+                           dtype=bool, count=len(self._texts))
+
+    def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None
+                ) -> tuple[list[Score], list[Score]]:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
         stripped = text.strip()
         if self._embedder is None:
-            lexical = self.lexical(stripped)
+            lexical = self.lexical(stripped, allowed)
             matched = [Score(self._texts[i].capability_id, round(LEXICAL_WEIGHT * v, 6), 0.0, v)
                        for i, v in lexical.items()]
             boosted = self._learned_lexical(stripped, learned)
-            matched = _with_learned(matched, boosted, self._slots, self._texts)
-            return self._finish(stripped, matched, [])
+            matched = [m for m in _with_learned(matched, boosted, self._slots, self._texts)
+                       if allowed is None or allowed[self._slots[m.capability_id]]]
+            return self._finish(stripped, matched, [], allowed)
         slots = len(self._texts)
         found = self._lexical_array(stripped)
         lexical = found[0] if found is not None else np.zeros(slots)
@@ -462,13 +478,13 @@ class IntentIndex:
                 if sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
                     second[slot] = max(second[slot], first[slot])
                     first[slot] = sim + LEARNED_BONUS
+        live = self._live if allowed is None else self._live & allowed
         semantic = _centred_by_language(
-            np.where(second > -1, (first + second) / 2, first), self._written_in, live_mask :=
-            self._live) - background_floor(self._embedder, query)
+            np.where(second > -1, (first + second) / 2, first), self._written_in, live
+        ) - background_floor(self._embedder, query)
         against, _ = self._negatives.best_two(query, slots, also)
         push = np.where(against > first, NEGATIVE_WEIGHT * (against - first) + NEGATIVE_BASE, 0.0)
         total = SEMANTIC_LEXICAL_WEIGHT * np.minimum(lexical, 1.0) + semantic - push
-        live = live_mask
         ranked = np.where(live, total, -np.inf)
         if slots > MAX_CANDIDATES:  # the best few without sorting the fleet
             top = np.argpartition(-ranked, MAX_CANDIDATES)[:MAX_CANDIDATES]
@@ -485,12 +501,13 @@ class IntentIndex:
                           round(float(lexical[i]), 6), round(float(semantic[i]), 6),
                           round(float(push[i]), 6), 1.0 if first[i] > 1 else 0.0)
             (matched if total[i] >= self.threshold else near).append(score)
-        return self._finish(stripped, matched, near[:3])
+        return self._finish(stripped, matched, near[:3], allowed)
 
-    def _finish(self, stripped: str, matched: list[Score], near: list[Score]
-                ) -> tuple[list[Score], list[Score]]:
+    def _finish(self, stripped: str, matched: list[Score], near: list[Score],
+                allowed: np.ndarray | None) -> tuple[list[Score], list[Score]]:
         matched = [s for s in matched if s.score >= self.threshold]
-        if stripped in self._slots:
+        slot = self._slots.get(stripped)
+        if slot is not None and (allowed is None or allowed[slot]):
             matched = [s for s in matched if s.capability_id != stripped]
             matched.append(Score(stripped, EXACT_SCORE, EXACT_SCORE))
         key = lambda s: (-s.score, s.capability_id)  # noqa: E731
@@ -511,14 +528,17 @@ class IntentIndex:
                     out[entry.capability_id] = max(out.get(entry.capability_id, 0.0), overlap)
         return out
 
-    def match(self, text: str, *, learned: Sequence = ()) -> Match:
-        whole, near = self._scored(text, learned)
+    def match(self, text: str, *, learned: Sequence = (),
+              allowed: np.ndarray | None = None) -> Match:
+        whole, near = self._scored(text, learned, allowed)
         parts = clauses(text)
+        if len(parts) > MAX_STEPS:  # the rest is one last part
+            parts = [*parts[:MAX_STEPS - 1], " ".join(parts[MAX_STEPS - 1:])]
         single = Match(ranked=tuple(whole), clauses=tuple(parts), suggestions=tuple(near),
                        **self._sureness(whole))
         if len(parts) < 2:
             return single
-        per_clause = [self.scores(p, learned) for p in parts]
+        per_clause = [self.scores(p, learned, allowed) for p in parts]
         plan: list[str] = []
         sureness: list[float] = []
         for ranked in per_clause:

@@ -454,6 +454,7 @@ class Router:
         self.balancer = SmoothWeightedRoundRobin()
         self._prepared_for = None
         self._prepared: dict[str, _Prepared] = {}
+        self._allowed_cache: dict[tuple, tuple] = {}
         # instance pk -> (the prepared row, the heartbeat applied, the row with it)
         self._live_rows: dict[int, tuple[_Row, object, _Row]] = {}
         self._lock = threading.Lock()
@@ -502,7 +503,8 @@ class Router:
             # A large fleet's first intent index is still being built (``follow``).
             return Decision(capability=None, chosen=None, error="service_unavailable")
         match: Match = index.match(request.intent or "",
-                                   learned=table.learned_by_tenant.get(request.tenant_pk, ()))
+                                   learned=table.learned_by_tenant.get(request.tenant_pk, ()),
+                                   allowed=self._allowed(index, table, request.tenant_pk))
         sure = {"confidence": match.confidence, "margin": match.margin,
                 "needs_confirmation": match.ambiguous}
         if not match.ranked:
@@ -535,6 +537,19 @@ class Router:
             capability=match.ranked[0].capability_id, chosen=None, dropped=tuple(dropped),
             matches=match.ranked, error=last.error if last else "no_capability", **sure,
         )
+
+    def _allowed(self, index: IntentIndex, table: RouteTable, tenant_pk: int):
+        """The index slots of the capabilities the tenant may see, worked out once per
+        index, agents, grants and tenant (a registration or a grant makes new ones)."""
+        key = (id(index), id(table.agents), id(table.grants), tenant_pk)
+        found = self._allowed_cache.get(key)
+        if found is None:
+            if len(self._allowed_cache) >= ALLOWED_CACHE:
+                self._allowed_cache.clear()
+            mask = index.allowed_slots(lambda cid: capability_visible(table, tenant_pk, cid))
+            # The objects are kept with the mask, so their ids are not reused meanwhile.
+            found = self._allowed_cache[key] = (mask, index, table.agents, table.grants)
+        return found[0]
 
     def _route_capability(self, table, request, capability_id, matches, *, pick,
                           exclude: frozenset[int] = frozenset()) -> Decision:
@@ -773,6 +788,8 @@ def touched_capabilities(before: RouteTable, after: RouteTable) -> set[str]:
     }
 
 
+# Tenants x table versions whose visible-capability masks a router keeps.
+ALLOWED_CACHE = 256
 SYNC_FIRST_BUILD_MAX = 1000  # capability ids: about 0.1 s to index by words
 # With the sentence encoder each capability is some five texts to embed (about 1 ms each).
 SYNC_FIRST_BUILD_MAX_EMBEDDED = 100

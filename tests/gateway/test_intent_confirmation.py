@@ -114,4 +114,28 @@ def test_a_request_nothing_matches_is_refused_with_suggestions(gateway):
     assert error["code"] == "no_capability" and error["details"]["suggestions"]
     dry = client.get("/v1/route", params={"intent": "给我朋友转账五百块"})
     assert dry.status_code == 404 and dry.json()["route"]["suggestions"]
+    assert dry.json()["error"]["details"]["suggestions"]  # where invoke puts them too
     assert calls(agent) == 0
+
+
+def test_intents_that_say_nothing_are_refused_as_input(gateway):
+    client, agent = gateway
+    for intent in ("   ", "\u0000", "\t\n", "abc\u0000def"):
+        answer = client.post("/v1/invoke", json={"intent": intent, "input": {}})
+        assert answer.status_code == 400, (intent, answer.text)
+        assert answer.json()["error"]["details"]["intent"]
+        dry = client.get("/v1/route", params={"intent": intent})
+        assert dry.status_code == 400
+    assert calls(agent) == 0
+
+
+def test_a_chinese_intent_header_reaches_the_chat_door_raw_or_percent_encoded(gateway):
+    client, _ = gateway
+    body = {"model": "intent", "messages": [{"role": "user", "content": "hi"}]}
+    raw = "明天杭州会下雨吗".encode()
+    for value in (raw, b"%E6%98%8E%E5%A4%A9%E6%9D%AD%E5%B7%9E%E4%BC%9A%E4%B8%8B%E9%9B%A8%E5%90%97"):
+        answer = client.post("/v1/chat/completions", json=body,
+                             headers={"X-Reach-Intent": value})
+        assert answer.status_code == 200, answer.text
+    bad = client.post("/v1/chat/completions", json=body, headers={"X-Reach-Intent": b"\xff\xfe"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"

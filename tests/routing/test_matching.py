@@ -276,3 +276,67 @@ def test_the_embedder_setting_is_checked():
     assert configured_embedder("lexical") is None
     with pytest.raises(ValueError, match="unknown intent embedder"):
         configured_embedder("gpt-9")
+
+
+# ---- other tenants' private capabilities ------------------------------------------------
+
+
+def _mail_agents():
+    return [
+        agent("drafter", "email.draft", owner=1, visibility="public",
+              cap={"display_name": "Email drafting", "description": "Drafts business emails."}),
+        agent("sender", "email.send", owner=1, visibility="public",
+              cap={"display_name": "Email sending", "description": "Sends an email."}),
+        agent("summariser", "doc.summarize", owner=1, visibility="public",
+              cap={"display_name": "Summaries", "description": "Summarises documents."}),
+    ]
+
+
+SECRET = agent("secret", "beta.secret.mailer", owner=2, visibility="private",
+               cap={"display_name": "Mail sender",
+                    "description": "Sends an email to Tom and to anyone else, fast."})
+
+
+@pytest.mark.parametrize("text", [
+    "把这封邮件发给 Tom",
+    "summarise this report, then send it to Tom by email",
+    "beta.secret.mailer",  # another tenant's id, probed as an intent
+])
+def test_another_tenants_private_capability_never_moves_a_decision(encoder, text):
+    def decide(*agents):
+        t = table(*agents)
+        holder = IntentIndexHolder(embedder=encoder)
+        holder.update(t)
+        d = Router(index=holder).route(t, RouteRequest(tenant_pk=1, intent=text), pick=False)
+        return (d.capability, d.plan, d.matches[0].score if d.matches else None, d.margin,
+                d.needs_confirmation, [s.capability_id for s in d.matches],
+                [s.capability_id for s in d.suggestions])
+
+    alone, beside = decide(*_mail_agents()), decide(*_mail_agents(), SECRET)
+    # The choice, the plan, the confirmation and what is listed are the same. Scores may
+    # move a little: word statistics (idf) are the whole index's, and a catalogue of
+    # three visible capabilities magnifies that (the margin here moves by about 0.05).
+    assert (beside[:2], beside[4:]) == (alone[:2], alone[4:])
+    assert beside[2] == pytest.approx(alone[2], abs=0.05)
+    assert "beta.secret.mailer" not in str(beside)
+    # Its owner does see it.
+    t = table(*_mail_agents(), SECRET)
+    holder = IntentIndexHolder(embedder=encoder)
+    holder.update(t)
+    mine = Router(index=holder).route(t, RouteRequest(tenant_pk=2, intent="beta.secret.mailer"),
+                                      pick=False)
+    assert mine.capability == "beta.secret.mailer"
+
+
+def test_a_request_of_hundreds_of_parts_is_matched_in_at_most_five_steps(index, monkeypatch):
+    scored = []
+    real = IntentIndex.scores
+
+    def counting(self, text, *args, **kwargs):
+        scored.append(text)
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(IntentIndex, "scores", counting)
+    match = index.match("，".join(["发邮件"] * 500))
+    assert len(scored) <= 5 and len(match.clauses) == 5
+    assert len(match.plan) <= 5

@@ -6,21 +6,22 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from routing.matcher import Match, Score
-from routing.router import Router, RouteRequest
+from routing.matcher import IntentIndex, Match
+from routing.router import Router, RouteRequest, capability_texts
 from routing.table import Delta, LearnedEntry
 from tests.routing.tables import agent, table
 
 
-class RecordingIndex:
-    """An intent index that says what it was asked, and ranks one capability."""
+class RecordingIndex(IntentIndex):
+    """The real intent index, saying which learned phrases each match was given."""
 
-    def __init__(self) -> None:
+    def __init__(self, routes) -> None:
+        super().__init__(list(capability_texts(routes).values()))
         self.learned: list[tuple] = []
 
-    def match(self, text: str, *, learned=()) -> Match:
+    def match(self, text: str, *, learned=(), allowed=None) -> Match:
         self.learned.append(tuple(learned))
-        return Match(ranked=(Score("translate.text", 0.9, 0.9),))
+        return super().match(text, learned=learned, allowed=allowed)
 
 
 def test_each_tenant_is_matched_with_its_own_learned_phrases_only():
@@ -28,7 +29,7 @@ def test_each_tenant_is_matched_with_its_own_learned_phrases_only():
     theirs = LearnedEntry(pk=2, tenant_pk=2, capability_id="translate.text", phrase="deck")
     routes = dataclasses.replace(
         table(agent("a")), learned=types.MappingProxyType({1: mine, 2: theirs})).indexed()
-    index = RecordingIndex()
+    index = RecordingIndex(routes)
     router = Router(index=lambda: index)
     for tenant_pk in (1, 2, 3):
         router.route(routes, RouteRequest(tenant_pk=tenant_pk, intent="anything"), pick=False)
