@@ -429,6 +429,12 @@ agent:
             pk = Instance.objects.get(agent__name=f"legacy-{reach}").pk
             wait_for(lambda: instance(pk).health_tier == "sub_healthy", timeout=10,
                      message="the sidecar to report the service unhealthy")
+            # The database knows first; the gateway's table follows through the bus. A
+            # dry run calls nobody, so waiting on it sends nothing to the dead service.
+            wait_for(lambda: httpx.get(
+                f"{platform.base}/v1/route", params={"capability": f"legacy.work.{reach}"},
+                headers={"Authorization": f"Bearer {platform.key}"}).status_code == 503,
+                timeout=10, message="the gateway to drop the unhealthy instance")
             after = _quietly(reach_client.invoke, f"legacy.work.{reach}", input={})
     finally:
         sidecar.terminate()
