@@ -49,6 +49,9 @@ class CallContext:
     caller_bound: bool = False  # the caller's budget, not the agent's timeout, binds
     attempts: list[int] = field(default_factory=list)  # instance pks tried
     candidate: Candidate | None = None  # the last one tried
+    # An intent that asked for several steps: their capabilities, in order (the call
+    # runs the first; the caller runs the rest).
+    plan: tuple[str, ...] = ()
     admission: Any = None  # the governor's, for the candidate being tried
     # The agent's reported usage (input, output tokens) once it answered; None before.
     reported: tuple[int, int] | None = None

@@ -101,6 +101,7 @@ def agent_response_event(result: Result) -> bytes:
 def agent_response(result: Result) -> dict:
     candidate, reply, ctx = result.candidate, result.reply, result.ctx
     total_ms = (time.monotonic() - ctx.started) * 1000
+    plan = {"plan": list(ctx.plan)} if ctx.plan else {}
     return {
         "request_id": ctx.request_id,
         "agent": candidate.agent.name,
@@ -115,6 +116,8 @@ def agent_response(result: Result) -> dict:
         "timings": {"route_ms": round(result.route_ms, 3),
                     "upstream_ms": round(total_ms - result.route_ms, 3),
                     "total_ms": round(total_ms, 3)},
+        # An intent of several steps: this call ran the first; the caller runs the rest.
+        **plan,
     }
 
 

@@ -309,6 +309,7 @@ class Pipeline:
                              "margin": decision.margin})
         candidate = decision.chosen
         ctx.candidate = candidate
+        ctx.plan = decision.plan
         capability = candidate.capability
         payload = canonical_input(capability, call.payload(PROTOCOLS[candidate.agent.protocol]),
                                   self.defaults)

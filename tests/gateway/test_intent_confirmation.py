@@ -139,3 +139,17 @@ def test_a_chinese_intent_header_reaches_the_chat_door_raw_or_percent_encoded(ga
         assert answer.status_code == 200, answer.text
     bad = client.post("/v1/chat/completions", json=body, headers={"X-Reach-Intent": b"\xff\xfe"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
+
+
+def test_an_intent_of_several_steps_runs_the_first_and_says_the_plan(gateway):
+    client, agent = gateway
+    intent = "查一下明天杭州的天气，然后做一个PPT演示文稿"
+    dry = client.get("/v1/route", params={"intent": intent}).json()
+    assert dry["plan"] == ["weather.forecast", "slides.generate"], dry
+    answer = client.post("/v1/invoke", json={"intent": intent, "input": {}})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["plan"] == dry["plan"] and body["capability"] == "weather.forecast"
+    assert calls(agent) == 1  # the first step only
+    single = client.post("/v1/invoke", json={"capability": "weather.forecast", "input": {}})
+    assert "plan" not in single.json()
