@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import redis
@@ -27,6 +27,7 @@ from django.db import models, transaction
 from metering.choices import Outcome
 from metering.models import UsageEvent
 from metering.rollups import pending_mark
+from reach_core.queues import Drainable, drain_into
 from registry.models import Agent, Capability, Instance
 from tenants.models import Tenant
 
@@ -56,10 +57,6 @@ StreamEntry = tuple[Any, Mapping[Any, Any] | None]
 # Upper case as the key is a constant; a function so it follows the (test) prefix setting.
 def STREAM() -> str:
     return settings.REDIS_KEY_PREFIX + "usage"
-
-
-class Drainable(Protocol):
-    def drain(self, limit: int = ...) -> list[dict]: ...
 
 
 class _Malformed(ValueError):
@@ -215,25 +212,8 @@ def usage_events_store(events: Iterable[Any]) -> int:
 
 
 def usage_queue_drain(queue: Drainable, *, batch: int = 1000, max_batches: int = 100) -> int:
-    """Embedded mode: move the gateway's in-process queue into rows; returns rows stored.
-
-    Bounded by ``max_batches`` so a busy gateway cannot keep the scheduler here.
-    """
-    stored = 0
-    for _ in range(max_batches):
-        events = queue.drain(batch)
-        if not events:
-            break
-        try:
-            stored += usage_events_store(events)
-        except Exception:
-            # The queue was their only copy: hand them back for the next run.
-            emit: Callable[[dict], None] | None = getattr(queue, "emit", None)
-            if emit is not None:
-                for event in events:
-                    emit(event)
-            raise
-    return stored
+    """Embedded mode: move the gateway's in-process queue into rows; returns rows stored."""
+    return drain_into(queue, usage_events_store, batch=batch, max_batches=max_batches)
 
 
 # ---- the Redis stream ------------------------------------------------------------------

@@ -34,9 +34,9 @@ import logging
 import math
 import unicodedata
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import redis
@@ -45,6 +45,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from reach_core.queues import Drainable, drain_into
 from registry import routes
 from registry.choices import FeedbackSource
 from registry.models import LearnedPhrase, RouteFeedback
@@ -69,10 +70,6 @@ _TRIM = " \t.,;:!?…。，；：！？、\"'“”‘’()（）"
 # Upper case as the key is a constant; a function so it follows the (test) prefix setting.
 def STREAM() -> str:
     return settings.REDIS_KEY_PREFIX + "route_feedback"
-
-
-class Drainable(Protocol):
-    def drain(self, limit: int = ...) -> list[dict]: ...
 
 
 # ---- phrases -------------------------------------------------------------------------------
@@ -161,19 +158,7 @@ def route_feedback_store(events: Iterable[Any]) -> int:
 def route_feedback_queue_drain(queue: Drainable, *, batch: int = 1000,
                                max_batches: int = 20) -> int:
     """Embedded mode: the gateway's in-process feedback queue into rows."""
-    stored = 0
-    for _ in range(max_batches):
-        events = queue.drain(batch)
-        if not events:
-            break
-        try:
-            stored += route_feedback_store(events)
-        except Exception:
-            emit: Callable[[dict], None] | None = getattr(queue, "emit", None)
-            for event in events if emit is not None else ():
-                emit(event)  # the queue was their only copy: back for the next run
-            raise
-    return stored
+    return drain_into(queue, route_feedback_store, batch=batch, max_batches=max_batches)
 
 
 # ---- the Redis stream ----------------------------------------------------------------------
