@@ -9,17 +9,23 @@ from __future__ import annotations
 import gc
 import os
 
+# Everything built from here on (Django, the route table, the intent index) lives as long
+# as the process: collecting while it is built finds nothing to free and, at 10,000
+# agents, cost a third of the first table load (0.4 of 1.5 s). Frozen at the end instead.
+gc.disable()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "reach_platform.settings")
 
-import django
+import django  # noqa: E402
 
 django.setup()
 
 from reach_platform.gateway_factory import build_application  # noqa: E402
 
-application, gateway_application = build_application()
-
-# Everything built so far (Django, the route table, the intent index) lives as
-# long as the process: keep it out of every garbage-collector pass.
-gc.collect()
-gc.freeze()
+try:
+    application, gateway_application = build_application()
+finally:
+    # Out of every later garbage-collector pass, and collection on again for what calls
+    # allocate. No collection first: what import and the build left as garbage is small,
+    # and a full pass over the table cost 0.2 s of first serve.
+    gc.freeze()
+    gc.enable()

@@ -62,10 +62,16 @@ class CapabilityEntry:
     def __post_init__(self) -> None:
         # Callers pass the JSON lists and objects they hold (an ORM row, a decoded
         # snapshot); a shared table must not be changeable through them.
-        for name in self.__dataclass_fields__:
+        for name in _CAPABILITY_JSON_FIELDS:
             value = getattr(self, name)
             if isinstance(value, dict | list):
                 object.__setattr__(self, name, freeze(value))
+
+
+# The fields that hold JSON lists and objects (all others are scalars): frozen on entry.
+_CAPABILITY_JSON_FIELDS = tuple(
+    f.name for f in fields(CapabilityEntry)
+    if f.type.startswith(("tuple", "Mapping")))
 
 
 @dataclass(frozen=True, slots=True)
