@@ -38,7 +38,7 @@ from gateway.credentials import Credentials
 from gateway.governance import Governor
 from gateway.http_io import header, read_body, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
-from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, TABLE_VERSION
+from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, SHED, TABLE_VERSION
 from gateway.pipeline import Pipeline, Request
 from gateway.route_feedback import MAX_BODY_BYTES as FEEDBACK_MAX_BODY_BYTES
 from gateway.route_feedback import FeedbackRecorder
@@ -205,6 +205,9 @@ class GatewayApp:
         if self._tasks is None:
             self._start()
         request_id = requestid.accept_or_new(header(scope, b"x-request-id"))
+        # Every log line written while this request is handled carries its id (the
+        # logging filter reads it); each request runs in a task of its own.
+        requestid.current.set(request_id)
         path = scope["path"]
         if len(path) > 1:
             path = path.rstrip("/")
@@ -270,6 +273,7 @@ class GatewayApp:
         else is spent on it."""
         shedder = self.shedder
         if shedder.in_flight >= shedder.limit:
+            SHED.inc()
             raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
                              f"({shedder.limit} now); retry shortly.")
         shedder.in_flight += 1

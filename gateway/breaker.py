@@ -53,7 +53,9 @@ class CircuitBreakers:
         min_volume: int = 10,
         cooldown_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        on_open: Callable[[int], None] = lambda pk: None,
     ) -> None:
+        """``on_open(instance_pk)`` is told of every trip (the metrics count them)."""
         if window_seconds <= 0 or cooldown_seconds < 0 or min_volume < 1:
             raise ValueError("window_seconds > 0, cooldown_seconds >= 0, min_volume >= 1")
         if not 0 < failure_ratio <= 1:
@@ -63,6 +65,7 @@ class CircuitBreakers:
         self._min_volume = min_volume
         self._cooldown = cooldown_seconds
         self._clock = clock
+        self._on_open = on_open
         self._lock = threading.Lock()
         self._breakers: dict[int, _Breaker] = {}
         # The router asks on every call: it looks only at breakers that are not
@@ -187,6 +190,7 @@ class CircuitBreakers:
         # The window is meaningless once open and is restarted on close; free it now.
         b.buckets.clear()
         b.ok = b.fail = 0
+        self._on_open(b.pk)
 
     def _close(self, b: _Breaker) -> None:
         self._not_closed.discard(b.pk)

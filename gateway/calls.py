@@ -57,6 +57,15 @@ class CallContext:
     reported: tuple[int, int] | None = None
     task: TaskRef | None = None  # a task's attempt: told to the agent
     metered: bool = True  # False: not a call of its own (a task's submission)
+    intent: bool = False  # routed by an intent rather than a named capability
+    # The call's moments (time.monotonic(), None until they happen): the route decided,
+    # the last attempt sent and its answer's status line in, and a stream's first event
+    # relayed. ``entered_at`` is the wall clock at ``started``.
+    routed: float | None = None
+    sent: float | None = None
+    answered: float | None = None
+    first_byte: float | None = None
+    entered_at: float = field(default_factory=time.time)
 
     @property
     def idempotent(self) -> bool:
@@ -263,7 +272,7 @@ class Caller:
             # still come within the budget.
             sock_read=min(self.config.stream_idle_timeout_s, seconds) if stream else None,
         )
-        started = time.monotonic()
+        started = ctx.sent = time.monotonic()
         tracker = upload_tracker()
         # Until its status line is in, the attempt is unanswered: the router prefers other
         # instances over one that leaves calls unanswered (a hung or stopped process).
@@ -278,6 +287,7 @@ class Caller:
                 ssl=ssl_context if ssl_context is not None else True,
                 **({"upload_tracker": tracker} if tracker is not None else {}))
             answered = True
+            ctx.answered = time.monotonic()
         except TimeoutError as exc:
             timed_out = True
             self._record(instance.pk, ok=False, started=started)

@@ -52,3 +52,45 @@ LIMITS_DEGRADED = Counter(
     "Rate-limit or budget checks decided by the fail-open/closed policy because Redis was "
     "unreachable.", registry=REGISTRY,
 )
+
+# ---- per call, labelled from the route table (never from the request) ------------------
+# ``tenant`` is the tenant's slug, ``agent`` the agent's "namespace/name", ``capability``
+# its id; a call that reached no capability has them empty. ``reason`` follows from
+# ``outcome`` (reach_core.kinds.reason_of): the split of the reach success rate,
+#   sum(rate(reach_agent_calls_total{reason="success"}))
+#     / sum(rate(reach_agent_calls_total{reason!~"caller|cancelled"}))
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+AGENT_CALLS = Counter(
+    "reach_agent_calls", "Metered calls (one per usage event), by tenant, agent, capability, "
+    "outcome and its reason.", ["tenant", "agent", "capability", "outcome", "reason"],
+    registry=REGISTRY,
+)
+AGENT_CALL_DURATION = Histogram(
+    "reach_agent_call_duration_seconds", "Whole-call latency as the caller saw it.",
+    ["agent", "capability"], buckets=_SECONDS, registry=REGISTRY,
+)
+AGENT_UPSTREAM_DURATION = Histogram(
+    "reach_agent_upstream_duration_seconds",
+    "From sending to the agent until its answer (headers) arrived.",
+    ["agent", "capability"], buckets=_SECONDS, registry=REGISTRY,
+)
+STREAM_FIRST_BYTE = Histogram(
+    "reach_stream_first_byte_seconds",
+    "Streamed calls: from the call's arrival to its first event relayed to the caller.",
+    ["agent", "capability"], buckets=_SECONDS, registry=REGISTRY,
+)
+INTENT_CALLS = Counter(
+    "reach_intent_calls", "Calls that named an intent rather than a capability: served "
+    "(hit) or not, and why (the route hit rate).", ["result"], registry=REGISTRY,
+)
+SHED = Counter("reach_shed", "Calls refused at once because the gateway was at its limit "
+               "(503 overloaded, before authentication).", registry=REGISTRY)
+BREAKER_TRIPS = Counter("reach_breaker_trips", "Circuit breakers that opened, by instance.",
+                        ["instance"], registry=REGISTRY)
+ROUTE_PROPAGATION = Histogram(
+    "reach_route_propagation_seconds", "From a route-table change's commit to this gateway "
+    "applying it (registration to routable).",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
+)
+USAGE_BACKLOG = Gauge("reach_usage_backlog", "Usage events waiting in this gateway to be "
+                      "shipped to the metering pipeline.", registry=REGISTRY)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import random
 import time
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from gateway import idempotency
+from gateway import idempotency, observe
 from gateway.budgets import Amount
 from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
@@ -57,6 +58,7 @@ from reach_core.kinds import CapabilityKind, Outcome
 from routing.router import Candidate, Router, RouteRequest, capability_visible
 from routing.table import ApiKeyEntry, RouteTable
 
+logger = logging.getLogger(__name__)
 TOKENS_IN, TOKENS_OUT = TOKENS.labels("input"), TOKENS.labels("output")
 MAX_IDEMPOTENCY_KEY = 255
 
@@ -172,6 +174,7 @@ class Pipeline:
                                           self.config.max_body_bytes)
             self._read_headers(request, ctx)
             call = parse(request)
+            ctx.intent = call.route.intent is not None and call.route.capability is None
             candidate, payload = self._route(request.table, call, ctx)
             if call.asynchronous is not None:
                 return await self._submit(request, call, ctx, candidate)
@@ -310,6 +313,8 @@ class Pipeline:
         candidate = decision.chosen
         ctx.candidate = candidate
         ctx.plan = decision.plan
+        if ctx.routed is None:
+            ctx.routed = time.monotonic()
         capability = candidate.capability
         payload = canonical_input(capability, call.payload(PROTOCOLS[candidate.agent.protocol]),
                                   self.defaults)
@@ -343,6 +348,9 @@ class Pipeline:
                 if candidate.agent is not previous.agent:
                     await self._readmit(table, call, ctx, candidate, payload)
                 RETRIES.inc()
+                logger.info("instance %s: %s (%s); retrying on instance %s",
+                            previous.instance.pk, failure.code, failure.message,
+                            candidate.instance.pk)
                 low, high = self.config.retry_backoff_ms
                 await asyncio.sleep(random.uniform(low, high) / 1000)
 
@@ -478,6 +486,8 @@ class Pipeline:
                     if out:
                         await send({"type": "http.response.body", "body": b"".join(out),
                                     "more_body": True})
+                        if ctx.first_byte is None:
+                            ctx.first_byte = time.monotonic()
                 if framer.pending.strip():
                     raise aiohttp.ClientPayloadError("stream ended inside an event")
                 if reframe is not None and call.finish:
@@ -524,7 +534,10 @@ class Pipeline:
         """One usage event per call, whatever its outcome, and the budget settlement.
         The agent's reported usage counts whenever it answered; a call it never answered
         costs nothing. Never raises."""
-        if self.governor is None or self.usage is None or not ctx.metered:
+        if not ctx.metered:
+            return
+        observe.record(ctx, outcome)
+        if self.governor is None or self.usage is None:
             return
         candidate = ctx.candidate
         input_tokens, output_tokens = ctx.reported or (0, 0)

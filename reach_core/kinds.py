@@ -98,6 +98,50 @@ class Outcome(Kind):
     WORKER_LOST = "worker_lost", "Worker lost"
 
 
+class Reason(Kind):
+    """Why a call did or did not reach an agent: the split of the reach success rate, the
+    platform's north star. Every ``Outcome`` has exactly one (``reason_of``)."""
+
+    SUCCESS = "success", "Reached"
+    ROUTE_MISS = "route_miss", "Route miss"
+    NO_INSTANCE = "no_instance", "No healthy instance"
+    CIRCUIT_OPEN = "circuit_open", "Circuit open"
+    TIMEOUT = "timeout", "Forward timeout"
+    AGENT_ERROR = "agent_error", "Agent error"
+    LIMITED = "limited", "Rate limit or budget"
+    SHED = "shed", "Load shed"
+    PLATFORM = "platform", "Platform error"
+    CALLER = "caller", "Caller error"
+    CANCELLED = "cancelled", "Client cancelled"
+
+
+# Outcomes by reason; an outcome not listed is the caller's error.
+_REASONS = {
+    Reason.SUCCESS: (Outcome.SUCCESS,),
+    Reason.ROUTE_MISS: (Outcome.NO_CAPABILITY, Outcome.NEEDS_CONFIRMATION),
+    Reason.NO_INSTANCE: (Outcome.NO_HEALTHY_INSTANCE,),
+    Reason.CIRCUIT_OPEN: (Outcome.CIRCUIT_OPEN,),
+    Reason.TIMEOUT: (Outcome.UPSTREAM_TIMEOUT, Outcome.DEADLINE_EXCEEDED),
+    Reason.AGENT_ERROR: (Outcome.UPSTREAM_ERROR, Outcome.UPSTREAM_BAD_RESPONSE,
+                         Outcome.UPSTREAM_REFUSED, Outcome.UPSTREAM_BUSY),
+    Reason.LIMITED: (Outcome.RATE_LIMITED, Outcome.QUOTA_EXCEEDED, Outcome.TOO_MANY_REQUESTS),
+    Reason.SHED: (Outcome.OVERLOADED,),
+    Reason.PLATFORM: (Outcome.SERVICE_UNAVAILABLE, Outcome.INTERNAL_ERROR,
+                      Outcome.IDEMPOTENCY_UNAVAILABLE, Outcome.WORKER_LOST),
+    Reason.CANCELLED: (Outcome.CLIENT_CANCELLED,),
+}
+REASON_OF_OUTCOME: dict[str, Reason] = {
+    **{str(outcome): Reason.CALLER for outcome in Outcome},
+    **{str(outcome): reason for reason, outcomes in _REASONS.items() for outcome in outcomes},
+}
+# Left out of the reach success rate: the caller asked for something wrong, or left.
+NOT_THE_PLATFORMS = frozenset({Reason.CALLER, Reason.CANCELLED})
+
+
+def reason_of(outcome: str) -> Reason:
+    return REASON_OF_OUTCOME.get(str(outcome), Reason.PLATFORM)
+
+
 class FeedbackSource(Kind):
     """Where a route feedback (an intent and the capability it should have reached) came
     from: the caller said so (``POST /v1/route/feedback``), or the gateway inferred it

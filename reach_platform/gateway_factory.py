@@ -27,7 +27,13 @@ from gateway.config import GatewayConfig
 from gateway.governance import Governor
 from gateway.idempotency import MemoryStore, RedisStore
 from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
-from gateway.metrics import LIMITS_DEGRADED, ROUTE_FEEDBACK_DROPPED
+from gateway.metrics import (
+    BREAKER_TRIPS,
+    LIMITS_DEGRADED,
+    ROUTE_FEEDBACK_DROPPED,
+    ROUTE_PROPAGATION,
+    USAGE_BACKLOG,
+)
 from gateway.route_feedback import FeedbackRecorder
 from gateway.tasks import EngineSettings, TaskDoors
 from gateway.tunnel import RedisDirectory, TunnelHub
@@ -60,6 +66,7 @@ def circuit_breakers() -> CircuitBreakers:
         failure_ratio=settings.GATEWAY_BREAKER_FAILURE_RATIO,
         min_volume=settings.GATEWAY_BREAKER_MIN_VOLUME,
         cooldown_seconds=settings.GATEWAY_BREAKER_COOLDOWN_S,
+        on_open=lambda pk: BREAKER_TRIPS.labels(str(pk)).inc(),
     )
 
 
@@ -74,6 +81,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     from reach_platform.task_store import DjangoTaskStore
 
     usage = UsageQueue() if governed else None
+    if usage is not None:
+        USAGE_BACKLOG.set_function(usage.__len__)
     # Smaller than usage's: an event holds up to 1,000 characters of intent.
     route_feedback = FeedbackRecorder(UsageQueue(10_000, on_drop=ROUTE_FEEDBACK_DROPPED.inc))
     if run_tasks is None:
@@ -242,6 +251,7 @@ def following_gateway(*, governed: bool = True, run_tasks: bool | None = None) -
 
     map_large_blocks()
     runtime = start_route_subscriber()
+    runtime.subscriber.on_propagated = ROUTE_PROPAGATION.observe
     intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
                                 threshold=settings.INTENT_THRESHOLD)
     intents.follow(runtime.subscriber, after_first=return_freed_memory)

@@ -12,6 +12,7 @@ import ipaddress
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from reach_platform.envsecrets import fernet_key, secret_from_env_or_file, token_urlsafe_50
 
@@ -258,24 +259,41 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# "text" for a terminal, "json" (one object per line) for a log pipeline. Either way
+# every line carries the request id of the request it was written for, and each call
+# through the gateway writes one line of its own (logger "reach.calls": tenant, agent,
+# capability, instance, outcome and its four moments; REACH_CALL_LOG=false leaves it out).
+LOG_FORMAT = env.str("REACH_LOG_FORMAT", default="text")
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured("REACH_LOG_FORMAT is 'text' or 'json'.")
+LOG_LEVEL = env.str("REACH_LOG_LEVEL", default="INFO")
+_ONE_FORMAT = {"handlers": ["console"], "propagate": False}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "reach_platform.middleware.RequestIdLogFilter"}},
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "json": {"()": "reach_platform.logs.JsonFormatter"},
     },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
+            "formatter": LOG_FORMAT,
             "filters": ["request_id"],
         }
     },
-    "root": {"handlers": ["console"], "level": env.str("REACH_LOG_LEVEL", default="INFO")},
-    # A request with a Host header we do not serve gets its 400; a stranger must not be
-    # able to write a traceback into our log per request.
-    "loggers": {"django.security.DisallowedHost": {"handlers": [], "propagate": False}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        # A request with a Host header we do not serve gets its 400; a stranger must not
+        # be able to write a traceback into our log per request.
+        "django.security.DisallowedHost": {"handlers": [], "propagate": False},
+        # uvicorn's own lines in the same format as ours, not in a second one.
+        "uvicorn": _ONE_FORMAT, "uvicorn.error": {**_ONE_FORMAT, "level": "INFO"},
+        "uvicorn.access": _ONE_FORMAT,
+        "reach.calls": {"level": LOG_LEVEL if env.bool("REACH_CALL_LOG", default=True)
+                        else "WARNING"},
+    },
 }
 
 # Failed API authentications per client address and window before that address gets

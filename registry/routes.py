@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import transaction
 from django.db.models import F
@@ -56,7 +57,8 @@ def flush() -> list[Delta]:
             logger.exception("route table: could not publish %s %s", kind, pk)
     bus = route_bus()
     for delta in deltas:
-        _publish(bus, delta_to_wire(delta))
+        # When it left: subscribers time its way to them (registration to routable).
+        _publish(bus, {**delta_to_wire(delta), "published_at": time.time()})
     return deltas
 
 

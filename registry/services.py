@@ -121,6 +121,10 @@ def agent_register(
     instance = _upsert_instance(agent, endpoint, now, reach_mode=spec.reach_mode) \
         if endpoint else None
     token = agent_token_issue(agent=agent) if acting_agent is None else None
+    logger.info("agent %s %s/%s v%s (%d capabilities%s)",
+                "registered" if created else "re-registered", spec.namespace, spec.name,
+                spec.version, len(spec.capabilities),
+                f", instance {instance.pk}" if instance is not None else "")
     return Registration(agent=agent, instance=instance, created=created, token=token)
 
 

@@ -85,6 +85,8 @@ class RouteTableSubscriber:
         self.cut_off_since: float | None = None
         self._cut: set[str] = set()  # which of "source", "bus" are not answering
         self._listeners: list[Callable[[RouteTable], None]] = []
+        # Told how long each delta took from its publisher to being applied here (s).
+        self.on_propagated: Callable[[float], None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -130,6 +132,9 @@ class RouteTableSubscriber:
                 self.catch_up()
                 return
             self._swap(self.table.apply(delta_from_wire(message)))
+            published = message.get("published_at")
+            if self.on_propagated is not None and isinstance(published, int | float):
+                self.on_propagated(max(0.0, time.time() - published))
 
     def cut_off(self, what: str = "source", since: float | None = None) -> None:
         """``what`` ("source" or "bus") stopped answering; idempotent."""

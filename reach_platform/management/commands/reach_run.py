@@ -102,6 +102,8 @@ class Command(BaseCommand):
             uvicorn.run(
                 "reach_platform.asgi:application", host=host, port=port, log_level="info",
                 lifespan="on", proxy_headers=False,
+                # Logging is configured by Django (settings.LOGGING): one format for all.
+                log_config=None,
             )
         finally:
             if fleet is not None:
