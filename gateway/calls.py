@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 from jsonschema import Draft202012Validator
 
+from gateway import tracing
 from gateway.breaker import CircuitBreakers
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
@@ -66,6 +67,12 @@ class CallContext:
     answered: float | None = None
     first_byte: float | None = None
     entered_at: float = field(default_factory=time.time)
+    # Tracing (gateway.tracing): the caller's W3C trace headers, and while tracing is on
+    # the call's span and its current attempt's.
+    traceparent: str | None = None
+    tracestate: str | None = None
+    span: Any = None
+    attempt_span: Any = None
 
     @property
     def idempotent(self) -> bool:
@@ -238,6 +245,7 @@ class Caller:
             headers["idempotency-key"] = ctx.idempotency_key
         if ctx.task is not None:
             headers["x-reach-task-id"] = ctx.task.task_id
+        tracing.attempt_started(ctx, candidate, int(headers["x-reach-deadline-ms"]), headers)
         query: dict[str, str] = {}
         ssl_context = self.credentials.apply(table, ctx.tenant_pk, agent.pk, headers, query)
         url = upstream_url(instance.endpoint, upstream.path)

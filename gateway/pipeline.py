@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from gateway import idempotency, observe
+from gateway import idempotency, observe, tracing
 from gateway.budgets import Amount
 from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
@@ -169,6 +169,8 @@ class Pipeline:
             started=time.monotonic(), budget_ms=0, caller_budget_ms=None,
             idempotency_key=None)
         request.ctx = ctx
+        tracing.call_started(ctx, f"{request.scope['method']} {request.scope['path']}",
+                             request.header(b"traceparent"), request.header(b"tracestate"))
         async with self._metered(ctx) as metering:
             request.raw = await read_body(request.scope, request.receive,
                                           self.config.max_body_bytes)
@@ -337,7 +339,9 @@ class Pipeline:
                 return await self.caller.attempt(table, candidate, payload, ctx,
                                                  stream=stream)
             except UpstreamFailure as failure:
-                if not self._may_retry(ctx, failure):
+                retrying = self._may_retry(ctx, failure)
+                tracing.attempt_failed(ctx, failure.code, failure.message, retried=retrying)
+                if not retrying:
                     raise ReachError(failure.code, failure.message) from failure
                 previous = candidate
                 try:
@@ -534,6 +538,7 @@ class Pipeline:
         """One usage event per call, whatever its outcome, and the budget settlement.
         The agent's reported usage counts whenever it answered; a call it never answered
         costs nothing. Never raises."""
+        tracing.call_finished(ctx, str(outcome))
         if not ctx.metered:
             return
         observe.record(ctx, outcome)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import orjson
 from django.conf import settings
 
+from gateway import tracing
 from gateway.app import GatewayApp
 from gateway.breaker import CircuitBreakers
 from gateway.budgets import MemoryBudgets, RedisBudgets
@@ -80,6 +81,7 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     """
     from reach_platform.task_store import DjangoTaskStore
 
+    tracing.configure_from_environment()
     usage = UsageQueue() if governed else None
     if usage is not None:
         USAGE_BACKLOG.set_function(usage.__len__)

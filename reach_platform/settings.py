@@ -236,9 +236,11 @@ REST_FRAMEWORK = {
 }
 
 SPECTACULAR_SETTINGS = {
-    "TITLE": "Agent-Reach control plane API",
+    "TITLE": "Agent-Reach API",
     "DESCRIPTION": (
-        "Register agents, manage tenants, keys, grants, credentials and quotas, and read usage. "
+        "The gateway (tag `gateway`: call agents by capability or intent, OpenAI-compatible "
+        "chat, route dry runs) and the control plane: register agents, manage tenants, "
+        "keys, grants, credentials and quotas, and read usage. "
         "Authenticate with `Authorization: Bearer <api key>`. Errors are always "
         '`{"error": {"code", "message", "request_id"}}`.'
     ),
@@ -249,6 +251,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "reach_platform.openapi.add_gateway"],
     # Two choice sets are both a field named "kind": name each once.
     "ENUM_NAME_OVERRIDES": {
         "CredentialKindEnum": "tenants.choices.CredentialKind",

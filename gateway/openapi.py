@@ -1,0 +1,241 @@
+"""The gateway's doors as OpenAPI 3.0: paths and components merged into ``/api/schema/``
+(``reach_platform.openapi``), so callers read one document for the whole platform.
+
+Written from the doors' own contracts (``gateway.doors``) and the one error catalogue
+(``reach_core.errors``): every error status a door can answer lists the codes it may
+carry. Plain data, no Django.
+"""
+
+from __future__ import annotations
+
+from reach_core.errors import CATALOGUE
+
+_REF = "#/components/schemas/"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": _REF + name}
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_OBJECT = {"type": "object", "additionalProperties": True}
+_TEXT = {"type": "string"}
+
+SCHEMAS: dict[str, dict] = {
+    "GatewayError": {
+        "type": "object", "required": ["error"],
+        "description": "Every failure, from either plane: a catalogue code, a message, the "
+                       "request id, whether retrying may help, and per-field details.",
+        "properties": {"error": {
+            "type": "object", "required": ["code", "message", "request_id", "retryable"],
+            "properties": {
+                "code": {"type": "string", "enum": sorted(CATALOGUE)},
+                "message": _TEXT, "request_id": _TEXT, "retryable": {"type": "boolean"},
+                "details": {**_OBJECT, "description": "Field paths to messages (invalid "
+                            "input), candidates (needs_confirmation) or suggestions."},
+            }}},
+    },
+    "InvokeRequest": {
+        "type": "object",
+        "description": "Name a `capability`, or describe the request as an `intent`.",
+        "properties": {
+            "capability": {**_TEXT, "example": "translate.text"},
+            "intent": {**_TEXT, "maxLength": 2000,
+                       "example": "translate this paragraph into French"},
+            "input": {**_OBJECT, "description": "The capability's input (its input_schema)."},
+            "params": {**_OBJECT, "description": "Extra parameters, merged under `input`."},
+            "stream": {"type": "boolean", "default": False,
+                       "description": "Relay the agent's answer as Server-Sent Events."},
+            "namespace": {**_TEXT, "default": "default"},
+            "min_version": _TEXT,
+            "cost": {"type": "string", "enum": ["best", "cheapest"], "default": "best"},
+            "on_ambiguity": {"type": "string", "enum": ["guess", "ask"], "default": "guess",
+                             "description": "`ask`: an intent that nearly ties between "
+                             "capabilities answers 300 needs_confirmation with candidates."},
+            "mode": {"type": "string", "enum": ["sync", "async"], "default": "sync",
+                     "description": "`async`: stored as a task, answered 202."},
+            "callback_url": {**_TEXT, "format": "uri"},
+            "callback_secret": _TEXT,
+        },
+    },
+    "AgentResponse": {
+        "type": "object",
+        "required": ["request_id", "agent", "instance", "capability", "usage", "timings"],
+        "properties": {
+            "request_id": _TEXT, "agent": _TEXT, "instance": {"type": "integer"},
+            "capability": _TEXT,
+            "reply_content": {**_TEXT, "nullable": True},
+            "tool_calls": {"type": "array", "items": _OBJECT, "nullable": True},
+            "output": {"nullable": True, "description": "The agent's answer, as it gave it."},
+            "raw_meta": {**_OBJECT, "nullable": True},
+            "usage": {"type": "object", "properties": {
+                "input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"},
+                "cost": {"type": "number"}}},
+            "timings": {"type": "object", "properties": {
+                "route_ms": {"type": "number"}, "upstream_ms": {"type": "number"},
+                "total_ms": {"type": "number"}}},
+            "plan": {"type": "array", "items": _TEXT,
+                     "description": "An intent of several steps: their capabilities in "
+                                    "order; this call ran the first."},
+        },
+    },
+    "TaskAccepted": {
+        "type": "object", "required": ["task_id", "state", "request_id", "links"],
+        "properties": {
+            "task_id": _TEXT, "state": _TEXT, "request_id": _TEXT,
+            "idempotency_key": {**_TEXT, "nullable": True}, "capability": _TEXT,
+            "links": {"type": "object", "properties": {"self": _TEXT, "events": _TEXT}},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object", "required": ["model", "messages"],
+        "description": "OpenAI-compatible. `model` names an agent (`name` or "
+                       "`namespace/name`) or a capability (`capability:<id>`); the "
+                       "`X-Reach-Intent` header routes by intent instead.",
+        "properties": {
+            "model": {**_TEXT, "example": "capability:chat.general"},
+            "messages": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["role"],
+                "properties": {"role": _TEXT, "content": {"nullable": True}}}},
+            "stream": {"type": "boolean", "default": False},
+            "stream_options": {"type": "object", "properties": {
+                "include_usage": {"type": "boolean"}}},
+        },
+        "additionalProperties": True,
+    },
+    "ChatCompletion": {
+        "type": "object", "required": ["id", "object", "model", "choices"],
+        "properties": {
+            "id": _TEXT, "object": {"type": "string", "enum": ["chat.completion"]},
+            "created": {"type": "integer"}, "model": _TEXT,
+            "choices": {"type": "array", "items": _OBJECT},
+            "usage": {"type": "object", "properties": {
+                "prompt_tokens": {"type": "integer"},
+                "completion_tokens": {"type": "integer"},
+                "total_tokens": {"type": "integer"}}},
+        },
+    },
+    "RouteExplanation": {
+        "type": "object",
+        "description": "A dry run: what a call would reach, and why; calls nobody.",
+        "properties": {
+            "request_id": _TEXT, "table_version": {"type": "integer"},
+            "capability": {**_TEXT, "nullable": True},
+            "chosen": {**_OBJECT, "nullable": True},
+            "candidates": {"type": "array", "items": _OBJECT},
+            "dropped": {"type": "array", "items": _OBJECT},
+            "matches": {"type": "array", "items": _OBJECT},
+            "suggestions": {"type": "array", "items": _OBJECT},
+            "plan": {"type": "array", "items": _TEXT},
+            "confidence": {"type": "number", "nullable": True},
+            "margin": {"type": "number", "nullable": True},
+            "needs_confirmation": {"type": "boolean"},
+        },
+        "additionalProperties": True,
+    },
+    "RouteFeedback": {
+        "type": "object", "required": ["intent", "capability"],
+        "properties": {"intent": {**_TEXT, "maxLength": 2000}, "capability": _TEXT,
+                       "routed_to": {**_TEXT, "nullable": True}},
+    },
+}
+
+
+def _errors(*codes: str) -> dict:
+    """The error responses of a door: by status, each with the codes it may carry."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        by_status.setdefault(CATALOGUE[code].status, []).append(code)
+    return {str(status): _json(_ref("GatewayError"), "One of: " + ", ".join(
+        f"`{c}`" for c in sorted(found))) for status, found in sorted(by_status.items())}
+
+
+_AUTH_ERRORS = ("unauthorized", "forbidden", "too_many_requests", "overloaded",
+                "service_unavailable", "internal_error")
+_CALL_ERRORS = (*_AUTH_ERRORS, "bad_request", "invalid_input", "malformed_json",
+                "payload_too_large", "unsupported_media_type", "headers_too_large",
+                "no_capability", "needs_confirmation", "no_healthy_instance", "circuit_open",
+                "rate_limited", "quota_exceeded", "idempotency_in_progress",
+                "idempotency_key_reused", "idempotency_unavailable", "deadline_exceeded",
+                "upstream_timeout", "upstream_error", "upstream_bad_response",
+                "upstream_refused", "upstream_busy")
+_HEADERS = [
+    {"name": "Idempotency-Key", "in": "header", "schema": {**_TEXT, "maxLength": 255},
+     "description": "Run a non-streamed call at most once per (tenant, key)."},
+    {"name": "X-Reach-Deadline-Ms", "in": "header", "schema": {"type": "integer",
+                                                              "minimum": 1},
+     "description": "The caller's budget for the whole call, in milliseconds."},
+    {"name": "X-Request-ID", "in": "header", "schema": {**_TEXT, "maxLength": 128},
+     "description": "Your id for the call (else one is made); echoed in the reply."},
+    {"name": "traceparent", "in": "header", "schema": _TEXT,
+     "description": "W3C trace context; the call's spans (and the agent) join it."},
+    {"name": "X-Reach-Namespace", "in": "header", "schema": _TEXT},
+]
+_SSE = {"text/event-stream": {"schema": {**_TEXT, "description": "Server-Sent Events"}}}
+
+
+def _post(operation: str, summary: str, request: str, ok: dict, errors: tuple,
+          extra_parameters: list | None = None) -> dict:
+    return {"post": {
+        "operationId": operation, "summary": summary, "tags": ["gateway"],
+        "parameters": [*_HEADERS, *(extra_parameters or [])],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": _ref(request)}}},
+        "responses": {**ok, **_errors(*errors)},
+    }}
+
+
+PATHS: dict[str, dict] = {
+    "/v1/invoke": _post(
+        "gateway_invoke", "Call a capability, or an intent, through the gateway",
+        "InvokeRequest", {
+            "200": {"description": "The agent's answer (or, with `stream`, its events).",
+                    "content": {"application/json": {"schema": _ref("AgentResponse")},
+                                **_SSE}},
+            "202": _json(_ref("TaskAccepted"), "`mode: async`: the task was stored."),
+        }, _CALL_ERRORS),
+    "/v1/chat/completions": _post(
+        "gateway_chat_completions", "OpenAI-compatible chat completions", "ChatCompletionRequest",
+        {"200": {"description": "A completion, or with `stream` its chunks.",
+                 "content": {"application/json": {"schema": _ref("ChatCompletion")},
+                             **_SSE}}},
+        tuple(c for c in _CALL_ERRORS if c != "needs_confirmation"),
+        [{"name": "X-Reach-Intent", "in": "header", "schema": _TEXT,
+          "description": "Route by this intent (UTF-8 or percent-encoded)."}]),
+    "/v1/route": {"get": {
+        "operationId": "gateway_route", "summary": "Dry run: where a call would go, and why",
+        "tags": ["gateway"],
+        "parameters": [
+            {"name": name, "in": "query", "schema": _TEXT, "required": False}
+            for name in ("capability", "intent", "namespace", "min_version", "cost")],
+        "responses": {"200": _json(_ref("RouteExplanation"), "The decision, explained."),
+                      **_errors(*_AUTH_ERRORS, "bad_request", "no_capability",
+                                "no_healthy_instance")},
+    }},
+    "/v1/route/feedback": {"post": {
+        "operationId": "gateway_route_feedback", "tags": ["gateway"],
+        "summary": "Say which capability an intent should have reached",
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": _ref("RouteFeedback")}}},
+        "responses": {"202": {"description": "Recorded; it shapes this tenant's routing."},
+                      **_errors(*_AUTH_ERRORS, "invalid_input", "malformed_json",
+                                "payload_too_large", "unsupported_media_type")},
+    }},
+}
+
+
+def merge_into(schema: dict) -> dict:
+    """``schema`` (an OpenAPI document) with the gateway's paths and components added."""
+    paths = schema.setdefault("paths", {})
+    for path, item in PATHS.items():
+        paths[path] = {method: {**operation, "security": [{"BearerAuth": []}]}
+                       for method, operation in item.items()}
+    schema.setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
+    tags = schema.setdefault("tags", [])
+    if not any(tag.get("name") == "gateway" for tag in tags):
+        tags.append({"name": "gateway", "description": "The data plane: calls to agents. "
+                     "Authenticate with an API key of scope `invoke`."})
+    return schema
