@@ -564,7 +564,16 @@ class Pipeline:
             "output_tokens": output_tokens, "cost": spent,
             "latency_ms": int((time.monotonic() - ctx.started) * 1000),
             "occurred_at": time.time(),
+            "retries": max(0, len(ctx.attempts) - 1),
+            "route_score": round(candidate.score, 4) if candidate is not None else None,
+            "route_ms": _ms(ctx.started, ctx.routed),
+            "upstream_ms": _ms(ctx.sent, ctx.answered),
+            "first_byte_ms": _ms(ctx.started, ctx.first_byte),
         })
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    return round((end - start) * 1000, 3) if start is not None and end is not None else None
 
 
 MAX_OUTPUT_CEILING = 10_000_000

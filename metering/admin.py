@@ -29,14 +29,31 @@ _REASON_LABELS = dict(Outcome.choices)
 
 @admin.register(UsageEvent)
 class UsageEventAdmin(ReadOnlyTenantScopedAdmin):
+    """The call log: every metered call, from the usage events (so it also has the calls
+    the gateways served while the control plane was down), searchable by request id."""
+
     list_display = [
         "occurred_at", "request_id", "tenant", "agent", "capability", "outcome_badge",
-        "input_tokens", "output_tokens", "cost", "latency_ms",
+        "instance_id", "retries", "route_score", "timings", "input_tokens", "output_tokens",
+        "cost",
     ]
-    list_filter = ["outcome", _TENANT_FILTER]
+    list_filter = ["outcome", _TENANT_FILTER, ("agent", admin.RelatedOnlyFieldListFilter),
+                   ("capability", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "agent__namespace", "capability"]
-    search_fields = ["request_id"]
+    search_fields = ["=request_id"]
+    search_help_text = "A request id (X-Request-ID), exactly."
     date_hierarchy = "occurred_at"
+
+    @admin.display(description="instance", ordering="instance_id")
+    def instance_id(self, obj: UsageEvent):
+        return obj.instance_id
+
+    @admin.display(description="route / upstream / total ms", ordering="latency_ms")
+    def timings(self, obj: UsageEvent) -> str:
+        def ms(value):
+            return "–" if value is None else f"{value:.1f}"
+
+        return f"{ms(obj.route_ms)} / {ms(obj.upstream_ms)} / {obj.latency_ms}"
 
     @admin.display(description="outcome", ordering="outcome")
     def outcome_badge(self, obj: UsageEvent):

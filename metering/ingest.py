@@ -101,6 +101,20 @@ def _cost(raw: Mapping[str, Any]) -> Decimal:
     return cost
 
 
+def _float(raw: Mapping[str, Any], name: str, *, low: float = 0.0,
+           high: float = 1e9) -> float | None:
+    """An optional measurement: absent or null is None; anything else must be a number
+    in range (a row with a wrong one is malformed, as for the other fields)."""
+    value = raw.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _Malformed(f"{name} is not a number")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise _Malformed(f"{name} out of range")
+    return float(value)
+
+
 def _occurred_at(raw: Mapping[str, Any]) -> datetime:
     value = raw.get("occurred_at")
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -144,6 +158,11 @@ def _event_fields(raw: Any) -> dict[str, Any]:
         "cost": _cost(raw),
         "latency_ms": _int(raw, "latency_ms", default=0),
         "occurred_at": _occurred_at(raw),
+        "retries": _int(raw, "retries", default=0, high=32767),
+        "route_score": _float(raw, "route_score", low=-1e6, high=1e6),
+        "route_ms": _float(raw, "route_ms"),
+        "upstream_ms": _float(raw, "upstream_ms"),
+        "first_byte_ms": _float(raw, "first_byte_ms"),
     }
 
 

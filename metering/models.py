@@ -42,12 +42,23 @@ class UsageEvent(models.Model):
     cost = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
     latency_ms = models.PositiveIntegerField(default=0)
     occurred_at = models.DateTimeField(db_index=True)
+    # How the call went, for the console's call log: attempts after the first, the chosen
+    # candidate's route score, and the milliseconds to the route decision, from sending
+    # to the agent's answer, and (streams) to the first event relayed.
+    retries = models.PositiveSmallIntegerField(default=0)
+    route_score = models.FloatField(null=True, blank=True)
+    route_ms = models.FloatField(null=True, blank=True)
+    upstream_ms = models.FloatField(null=True, blank=True)
+    first_byte_ms = models.FloatField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-occurred_at"]
         indexes = [models.Index(fields=["tenant", "occurred_at"], name="usage_tenant_time")]
+        # In the admin: the console's call log.
+        verbose_name = "call"
+        verbose_name_plural = "call log"
 
     def __str__(self) -> str:
         return self.request_id

@@ -11,7 +11,7 @@ from metering.api.views import (
     UsageReportCSVView,
     UsageReportView,
 )
-from reach_platform import health
+from reach_platform import console, health
 from registry.api.views import (
     AgentRegisterView,
     AgentViewSet,
@@ -51,8 +51,11 @@ router.register("signing-secrets", SigningSecretViewSet, basename="signing-secre
 admin.site.site_header = "Agent-Reach operations"
 admin.site.site_title = "Agent-Reach"
 admin.site.index_title = "Operations console"
+admin.site.index_template = "admin/console/index.html"
 
 urlpatterns = [
+    # Before the admin's own URLs, which would take any path under admin/.
+    path("admin/", include(console.urls())),
     path("admin/", admin.site.urls),
     path("api/v1/agents/register", AgentRegisterView.as_view(), name="agent-register"),
     # The usage API's root lists usage events, newest first (as /usage/events/ does).

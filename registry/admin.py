@@ -97,7 +97,7 @@ class InstanceInline(admin.TabularInline):
 class AgentAdmin(TenantScopedAdmin):
     list_display = [
         "name", "namespace", "version", "protocol", "owner_tenant", "team", "internal_only",
-        "instances_health", "priority", "weight",
+        "instances_health", "priority", "weight", "activity",
     ]
     list_filter = ["namespace", "protocol", "visibility", "internal_only",
                    ("owner_tenant", admin.RelatedOnlyFieldListFilter)]
@@ -118,6 +118,11 @@ class AgentAdmin(TenantScopedAdmin):
         ("Source", {"fields": ["source_descriptor"], "classes": ["collapse"]}),
     ]
     readonly_fields = ["source_descriptor"]
+
+    @admin.display(description="activity")
+    def activity(self, obj: Agent):
+        return format_html('<a href="{}">success, latency, health</a>',
+                           reverse("console-agent", args=[obj.pk]))
 
     @admin.display(description="last descriptor registered")
     def source_descriptor(self, obj: Agent):

@@ -446,3 +446,27 @@ class LearnedPhrase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.phrase[:60]} → {self.capability_id}"
+
+
+class InstanceTransition(models.Model):
+    """An instance's state changed (healthy, unknown, offline, draining): the console's
+    health history. Kept when the instance goes (the agent's page still shows it left)."""
+
+    tenant_path = "agent__owner_tenant_id"
+    agent_path = "agent_id"
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="transitions")
+    instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="transitions")
+    instance_pk = models.PositiveBigIntegerField(help_text="The instance, also once deleted.")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, choices=InstanceState)
+    reason = models.CharField(max_length=64, blank=True)
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        indexes = [models.Index(fields=["agent", "at"], name="transition_agent_time")]
+
+    def __str__(self) -> str:
+        return f"{self.instance_pk}: {self.from_state or '∅'} → {self.to_state}"

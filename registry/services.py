@@ -22,6 +22,7 @@ from registry.models import (
     Agent,
     Capability,
     Instance,
+    InstanceTransition,
     Namespace,
     ParameterSynonym,
 )
@@ -195,6 +196,7 @@ def _sync_capabilities(agent: Agent, spec: AgentSpec) -> None:
 def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime, *,
                      reach_mode: str = ReachMode.DIRECT) -> Instance:
     instance = Instance.objects.filter(agent=agent, endpoint=endpoint).first()
+    was = instance.state if instance is not None else ""
     ttl = dt.timedelta(seconds=agent.lease_ttl_seconds)
     if instance is None:
         instance = Instance(agent=agent, endpoint=endpoint, state_changed_at=now,
@@ -212,6 +214,7 @@ def _upsert_instance(agent: Agent, endpoint: str, now: dt.datetime, *,
     instance.lease_expires_at = now + ttl
     _clean(instance, "reach")
     instance.save()
+    transition_record(instance, was=was, at=now, reason="registered")
     return instance
 
 
@@ -276,6 +279,7 @@ def instance_heartbeat(
     Instance.objects.filter(pk=instance.pk).update(**{f: getattr(instance, f) for f in fields})
     after = (instance.state, instance.health_tier, list(instance.capabilities_available),
              instance.flaps)
+    transition_record(instance, was=before[0], at=now, reason="heartbeat")
     _seed_steady(instance, ttl, now, was=before[0])
     if after != before:
         routes.changed("agent", agent.pk)
@@ -348,6 +352,8 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
             )
             if updated:
                 counts[nxt.state] += 1
+                was, instance.state = instance.state, nxt.state
+                transition_record(instance, was=was, at=now, reason="lease lapsed")
                 routes.changed("agent", instance.agent_id)
                 heartbeats.forget_on_commit(instance.pk)
     # Deregistered and past the grace (calls routed to it may run that long), or drained
@@ -364,12 +370,24 @@ def instances_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     return counts
 
 
+def transition_record(instance: Instance, *, was: str, at: dt.datetime, reason: str,
+                      to: str | None = None) -> None:
+    """Keep ``instance``'s change of state (``was`` -> ``to``, its current state by default)
+    for the console's health history; nothing when the state did not change."""
+    to = to or instance.state
+    if was != to and instance.pk is not None:
+        InstanceTransition.objects.create(
+            agent_id=instance.agent_id, instance=instance, instance_pk=instance.pk,
+            from_state=was or "", to_state=to, reason=reason, at=at)
+
+
 def instance_drain(*, instance: Instance) -> Instance:
     """Stop new traffic to ``instance``; calls in flight finish. Draining twice is a no-op."""
     if instance.state != InstanceState.DRAINING:
-        instance.state = InstanceState.DRAINING
+        was, instance.state = instance.state, InstanceState.DRAINING
         instance.state_changed_at = timezone.now()
         instance.save(update_fields=["state", "state_changed_at"])
+        transition_record(instance, was=was, at=instance.state_changed_at, reason="drained")
     return instance
 
 
@@ -381,6 +399,8 @@ def instance_resume(*, instance: Instance, now: dt.datetime | None = None) -> In
         instance.state = InstanceState.HEALTHY
         instance.state_changed_at = now or timezone.now()
         instance.save(update_fields=["state", "state_changed_at"])
+        transition_record(instance, was=InstanceState.DRAINING, at=instance.state_changed_at,
+                          reason="resumed")
     return instance
 
 
@@ -389,6 +409,8 @@ def instance_deregister(*, instance: Instance, now: dt.datetime | None = None) -
     now = now or timezone.now()
     if instance.state != InstanceState.DRAINING:
         instance.state_changed_at = now
+        transition_record(instance, was=instance.state, to=InstanceState.DRAINING, at=now,
+                          reason="deregistered")
     instance.state = InstanceState.DRAINING
     # Deregistering again does not push the removal further out.
     instance.remove_at = instance.remove_at or now + DRAIN_GRACE
@@ -410,6 +432,8 @@ def instance_recover(*, instance: Instance, now: dt.datetime | None = None) -> b
             lease_expires_at=now + ttl,
         )
         if updated:
+            transition_record(instance, was=instance.state, to=liveness.state, at=now,
+                              reason="probe answered")
             routes.changed("agent", instance.agent_id)
             heartbeats.forget_on_commit(instance.pk)
     return bool(updated)

@@ -1,0 +1,147 @@
+"""The operations console: the admin's landing dashboard and each agent's activity page.
+
+Read-only views over the call log (usage events), the registry and the budget alerts,
+scoped to the tenants the viewer may see. Charts are inline SVG from the server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import sys
+
+from django.conf import settings
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+
+from metering import dashboard
+from metering.models import BudgetAlert
+from reach_core.kinds import InstanceState
+from reach_platform.charts import stacked_bars
+from registry.models import Agent, Instance, InstanceTransition
+from tenants.principal import principal_for_request
+
+logger = logging.getLogger(__name__)
+
+HOUR, DAY = dt.timedelta(hours=1), dt.timedelta(days=1)
+
+
+def dashboard_context(request, now: dt.datetime | None = None) -> dict:
+    now = now or timezone.now()
+    tenant_ids = principal_for_request(request).tenant_ids
+    minutes = dashboard.buckets(tenant_ids, until=now, count=60, width=dt.timedelta(minutes=1))
+    hour = dashboard.summary(tenant_ids, since=now - HOUR, until=now + dt.timedelta(seconds=1))
+    day = dashboard.summary(tenant_ids, since=now - DAY, until=now + dt.timedelta(seconds=1))
+    return {
+        "now": now,
+        "hour": hour, "day": day,
+        "calls_per_minute": round(hour.total / 60, 1),
+        "minutes_chart": stacked_bars(
+            "Calls per minute, last hour", [(f"{b.start:%H:%M}", b.ok, b.failed)
+                                            for b in minutes]),
+        "unhealthy": _visible_instances(request).exclude(state=InstanceState.HEALTHY)
+        .select_related("agent__namespace").order_by("agent__name", "pk")[:50],
+        "refused_by_breakers": hour.by_outcome.get("circuit_open", 0)
+        + hour.by_outcome.get("no_healthy_instance", 0),
+        "budget_alerts": BudgetAlert.objects.for_tenants(tenant_ids)
+        .select_related("tenant").filter(created_at__gte=now - 31 * DAY)[:20],
+        "backlog": usage_backlog(),
+        "call_log_url": reverse("admin:metering_usageevent_changelist"),
+    }
+
+
+def _visible_instances(request):
+    tenant_ids = principal_for_request(request).tenant_ids
+    instances = Instance.objects.all()
+    return instances if tenant_ids is None else instances.filter(
+        agent__owner_tenant_id__in=tenant_ids)
+
+
+def usage_backlog() -> dict | None:
+    """Usage events not yet stored: the gateway's queue in the embedded mode, the Redis
+    stream's consumer-group lag (entries not yet read) and pending (read, not stored)
+    in production. None when it cannot be read (Redis away)."""
+    if not settings.REDIS_URL:
+        asgi = sys.modules.get("reach_platform.asgi")
+        gateway = getattr(asgi, "gateway_application", None)
+        if gateway is None or gateway.usage is None:
+            return None
+        return {"waiting": len(gateway.usage), "pending": 0, "where": "gateway queue"}
+    import redis
+
+    from metering.ingest import GROUP, STREAM
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
+                                  socket_connect_timeout=1)
+    try:
+        groups = {g["name"].decode(): g for g in client.xinfo_groups(STREAM())}
+    except redis.ResponseError:
+        return {"waiting": 0, "pending": 0, "where": "Redis stream (no consumer yet)"}
+    except redis.RedisError as exc:
+        logger.warning("console: usage backlog unreadable (%s)", type(exc).__name__)
+        return None
+    finally:
+        client.close()
+    group = groups.get(GROUP, {})
+    return {"waiting": group.get("lag") or 0, "pending": group.get("pending", 0),
+            "where": "Redis stream"}
+
+
+def agent_activity(request, pk: int):
+    """One agent: its reach success and latency over the last day (per half hour), its
+    instances and their recent state transitions, and a dry-run test call."""
+    agent = get_object_or_404(Agent.objects.select_related("namespace", "owner_tenant"), pk=pk)
+    principal = principal_for_request(request)
+    if not principal.can_read(agent.owner_tenant_id):
+        raise PermissionDenied
+    now = timezone.now()
+    tenant_ids = principal.tenant_ids
+    halves = dashboard.buckets(tenant_ids, until=now, count=48,
+                               width=dt.timedelta(minutes=30), agent_id=agent.pk)
+    instances = list(agent.instances.order_by("pk"))
+    context = {
+        **admin.site.each_context(request),
+        "title": f"{agent.namespace.name}/{agent.name}",
+        "agent": agent,
+        "hour": dashboard.summary(tenant_ids, since=now - HOUR, until=now + dt.timedelta(
+            seconds=1), agent_id=agent.pk),
+        "day": dashboard.summary(tenant_ids, since=now - DAY, until=now + dt.timedelta(
+            seconds=1), agent_id=agent.pk),
+        "chart": stacked_bars("Calls per half hour, last day",
+                              [(f"{b.start:%H:%M}", b.ok, b.failed) for b in halves]),
+        "instances": instances,
+        "transitions": InstanceTransition.objects.filter(instance__agent=agent)
+        .select_related("instance").order_by("-at")[:30],
+        "capabilities": list(agent.capabilities.order_by("capability_id")),
+        "call_log_url": reverse("admin:metering_usageevent_changelist")
+        + f"?agent__id__exact={agent.pk}",
+        "dry_run": _dry_run(request, agent) if request.method == "POST" else None,
+    }
+    return TemplateResponse(request, "admin/console/agent.html", context)
+
+
+def _dry_run(request, agent: Agent) -> dict:
+    """Where a call to one of the agent's capabilities would go now, as a gateway would
+    decide it from the current table: the dry run the gateway's /v1/route answers."""
+    from registry.snapshot import build_table
+    from routing.router import Router, RouteRequest
+
+    capability = request.POST.get("capability", "")
+    if not agent.capabilities.filter(capability_id=capability).exists():
+        return {"error": f"{capability!r} is not one of this agent's capabilities."}
+    decision = Router().route(build_table(), RouteRequest(
+        tenant_pk=agent.owner_tenant_id, capability=capability), pick=False)
+    explained = decision.explain()
+    # A dry run ranks without picking: the first candidate is where the call would go.
+    chosen = explained["chosen"] or next(iter(explained["candidates"]), None)
+    return {"capability": capability, "explained": explained, "chosen": chosen,
+            "error": decision.error}
+
+
+def urls() -> list:
+    return [path("console/agents/<int:pk>/", admin.site.admin_view(agent_activity),
+                 name="console-agent")]
