@@ -112,7 +112,7 @@ def agent_activity(request, pk: int):
         "day": dashboard.summary(tenant_ids, since=now - DAY, until=now + dt.timedelta(
             seconds=1), agent_id=agent.pk),
         "chart": stacked_bars("Calls per half hour, last day",
-                              [(f"{b.start:%H:%M}", b.ok, b.failed) for b in halves]),
+                              [(f"{b.start:%m-%d %H:%M}", b.ok, b.failed) for b in halves]),
         "instances": instances,
         "transitions": InstanceTransition.objects.filter(instance__agent=agent)
         .select_related("instance").order_by("-at")[:30],
