@@ -15,7 +15,7 @@ from django.urls import URLPattern, path, reverse
 
 from metering import selectors
 from metering.choices import Outcome
-from metering.models import BudgetAlert, UsageDaily, UsageEvent
+from metering.models import Alert, AlertDelivery, BudgetAlert, UsageDaily, UsageEvent
 from metering.reports import PeriodError, cost_chart, readable_tenants, resolve_period
 from reach_platform.admin_base import ReadOnlyTenantScopedAdmin, badge
 from tenants.models import Tenant
@@ -194,3 +194,41 @@ class BudgetAlertAdmin(ReadOnlyTenantScopedAdmin):
 def _plain(value: Decimal) -> str:
     # 1200.000000 -> "1200": budgets in requests or tokens are whole numbers.
     return f"{value.normalize():f}"
+
+
+class AlertDeliveryInline(admin.TabularInline):
+    model = AlertDelivery
+    extra = 0
+    can_delete = False
+    fields = ["id", "event", "status", "attempts", "last_status", "last_error",
+              "next_attempt_at", "delivered_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyTenantScopedAdmin):
+    """Budget thresholds reached and agents without a healthy instance, with their
+    deliveries to the tenant's webhook (``metering.alerts``)."""
+
+    list_display = ["opened_at", "tenant", "kind", "message", "state", "delivered"]
+    list_filter = ["kind", _TENANT_FILTER]
+    list_select_related = ["tenant"]
+    search_fields = ["subject", "message"]
+    date_hierarchy = "opened_at"
+    inlines = [AlertDeliveryInline]
+
+    @admin.display(description="state", ordering="resolved_at")
+    def state(self, obj: Alert):
+        return badge("offline", "open") if obj.resolved_at is None else \
+            badge("healthy", f"resolved {obj.resolved_at:%Y-%m-%d %H:%M}")
+
+    @admin.display(description="webhook")
+    def delivered(self, obj: Alert) -> str:
+        statuses = [d.status for d in obj.deliveries.all()]
+        return ", ".join(statuses) or "–"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("deliveries")

@@ -17,7 +17,8 @@ from metering.models import BudgetAlert, UsageEvent
 from reach_core.budgets import budget_scope, usage_key
 from tenants.models import Quota
 
-THRESHOLD = Decimal("0.80")
+# Shares of a budget that raise an alert, each once per quota, month and metric.
+THRESHOLDS = (Decimal("0.80"), Decimal("1.00"))
 _METRICS = (("requests", "monthly_requests"), ("tokens", "monthly_tokens"),
             ("cost", "monthly_cost"))
 # Wider than a row's cost: SQLite's converter quantizes a sum within the field's max_digits.
@@ -65,16 +66,17 @@ def month_usage(tenant_id: int, agent_id: int | None = None, *,
     )
 
 
-def _crossed(used: Decimal, budget: Decimal) -> bool:
+def _crossed(used: Decimal, budget: Decimal, threshold: Decimal) -> bool:
     if budget <= 0:
         # A zero budget means "none allowed": any use at all is worth an alert.
         return used > 0
-    return used >= budget * THRESHOLD
+    return used >= budget * threshold
 
 
 @transaction.atomic
 def budgets_check(*, now: datetime) -> list[BudgetAlert]:
-    """Alert once per quota, month and metric when usage reaches 80 % of the budget.
+    """Alert once per quota, month, metric and threshold when usage reaches 80 % and
+    100 % of the budget.
 
     Returns the alerts created by this run; the unique constraint makes a second
     run (or a concurrent one) a no-op.
@@ -98,14 +100,15 @@ def budgets_check(*, now: datetime) -> list[BudgetAlert]:
             if budget is None:
                 continue
             used, budget = Decimal(usage[metric]), Decimal(budget)
-            if not _crossed(used, budget):
-                continue
-            alert, is_new = BudgetAlert.objects.get_or_create(
-                quota=quota, month=month, metric=metric, threshold=THRESHOLD,
-                defaults={"tenant_id": quota.tenant_id, "used": used, "budget": budget},
-            )
-            if is_new:
-                created.append(alert)
+            for threshold in THRESHOLDS:
+                if not _crossed(used, budget, threshold):
+                    continue
+                alert, is_new = BudgetAlert.objects.get_or_create(
+                    quota=quota, month=month, metric=metric, threshold=threshold,
+                    defaults={"tenant_id": quota.tenant_id, "used": used, "budget": budget},
+                )
+                if is_new:
+                    created.append(alert)
     return created
 
 

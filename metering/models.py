@@ -7,6 +7,7 @@ from django.db import models
 
 from metering.choices import Outcome
 from reach_platform.scoping import TenantScopedQuerySet
+from tasks.models import Delivery
 
 
 def new_event_id() -> str:
@@ -190,3 +191,56 @@ class BudgetAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.metric} {self.used}/{self.budget} ({self.month:%Y-%m})"
+
+
+class AlertKind(models.TextChoices):
+    BUDGET = "budget", "Budget threshold reached"
+    NO_HEALTHY_INSTANCE = "no_healthy_instance", "Agent without a healthy instance"
+
+
+class Alert(models.Model):
+    """Something a tenant must hear about: a budget threshold reached (80 %, 100 %), or an
+    agent of theirs with no healthy instance. Shown in the console, and delivered to the
+    tenant's ``alert_webhook_url`` when it has one (``metering.alerts``)."""
+
+    tenant_path = "tenant_id"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE,
+                               related_name="alerts")
+    kind = models.CharField(max_length=32, choices=AlertKind)
+    subject = models.CharField(max_length=200)
+    message = models.TextField()
+    details = models.JSONField(default=dict, blank=True)
+    budget_alert = models.OneToOneField(BudgetAlert, null=True, blank=True,
+                                        on_delete=models.SET_NULL, related_name="alert")
+    agent = models.ForeignKey("registry.Agent", null=True, blank=True,
+                              on_delete=models.SET_NULL, related_name="+")
+    opened_at = models.DateTimeField(db_index=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-opened_at"]
+        constraints = [models.UniqueConstraint(
+            fields=["agent"], condition=models.Q(resolved_at__isnull=True,
+                                                 kind="no_healthy_instance"),
+            name="alert_one_open_per_agent")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.subject}"
+
+
+class AlertDelivery(Delivery):
+    """One announcement of an alert (opened or resolved) to its tenant's webhook."""
+
+    tenant_path = "alert__tenant_id"
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=16, choices=[("opened", "Opened"),
+                                                     ("resolved", "Resolved")])
+
+    class Meta(Delivery.Meta):
+        indexes = [models.Index(fields=["status", "next_attempt_at"],
+                                name="alert_delivery_due", condition=models.Q(status="pending"))]
+        verbose_name_plural = "alert deliveries"

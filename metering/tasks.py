@@ -12,7 +12,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from metering.budgets import budget_counters_restore, budgets_check
+from metering import alerts
+from metering.alerts import alerts_check
+from metering.budgets import budget_counters_restore
 from metering.ingest import CLAIM_IDLE_MS, usage_stream_consume
 from metering.rollups import rollup_recent
 
@@ -64,6 +66,11 @@ def restore_budget_counters() -> int:
                                    prefix=settings.REDIS_KEY_PREFIX, now=timezone.now())
 
 
-@shared_task(name="metering.check_budgets", ignore_result=True)
-def check_budgets() -> int:
-    return len(budgets_check(now=timezone.now()))
+@shared_task(name="metering.check_alerts", ignore_result=True)
+def check_alerts() -> dict[str, int]:
+    return alerts_check(now=timezone.now())
+
+
+@shared_task(name="metering.deliver_alerts", ignore_result=True)
+def deliver_alerts() -> dict[str, int]:
+    return alerts.deliver_alerts()

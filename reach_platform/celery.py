@@ -29,7 +29,9 @@ PERIODIC = {
     "registry.learn_routes": 60.0,
     "metering.consume_usage": 1.0,
     "metering.rollup": 60.0,
-    "metering.check_budgets": 60.0,
+    # Budgets (80 %, 100 %) and agents without a healthy instance; then their webhooks.
+    "metering.check_alerts": 30.0,
+    "metering.deliver_alerts": 1.0,
     "metering.restore_budget_counters": 60.0,
     "tasks.sweep": 2.0,
     "tasks.deliver_callbacks": 1.0,

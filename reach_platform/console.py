@@ -13,13 +13,14 @@ import sys
 from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db.models import F, Q
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
 from metering import dashboard
-from metering.models import BudgetAlert
+from metering.models import Alert
 from reach_core.kinds import InstanceState
 from reach_platform.charts import stacked_bars
 from registry.models import Agent, Instance, InstanceTransition
@@ -47,8 +48,10 @@ def dashboard_context(request, now: dt.datetime | None = None) -> dict:
         .select_related("agent__namespace").order_by("agent__name", "pk")[:50],
         "refused_by_breakers": hour.by_outcome.get("circuit_open", 0)
         + hour.by_outcome.get("no_healthy_instance", 0),
-        "budget_alerts": BudgetAlert.objects.for_tenants(tenant_ids)
-        .select_related("tenant").filter(created_at__gte=now - 31 * DAY)[:20],
+        # Open ones, and those of the last week.
+        "alerts": Alert.objects.for_tenants(tenant_ids).select_related("tenant")
+        .filter(Q(resolved_at__isnull=True) | Q(opened_at__gte=now - 7 * DAY))
+        .order_by(F("resolved_at").desc(nulls_first=True), "-opened_at")[:20],
         "backlog": usage_backlog(),
         "call_log_url": reverse("admin:metering_usageevent_changelist"),
     }

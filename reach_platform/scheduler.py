@@ -59,7 +59,7 @@ def metering_jobs(usage_queue) -> dict[str, tuple[float, callable]]:
     (production ships it through a Redis stream to Celery), roll up, check budgets."""
     from django.utils import timezone
 
-    from metering.budgets import budgets_check
+    from metering.alerts import alerts_check, deliver_alerts
     from metering.ingest import usage_queue_drain
     from metering.rollups import rollup_recent
     from reach_platform.celery import PERIODIC
@@ -69,8 +69,9 @@ def metering_jobs(usage_queue) -> dict[str, tuple[float, callable]]:
                                  lambda: usage_queue_drain(usage_queue)),
         "metering.rollup": (PERIODIC["metering.rollup"],
                             lambda: rollup_recent(timezone.now())),
-        "metering.check_budgets": (PERIODIC["metering.check_budgets"],
-                                   lambda: budgets_check(now=timezone.now())),
+        "metering.check_alerts": (PERIODIC["metering.check_alerts"],
+                                  lambda: alerts_check(now=timezone.now())),
+        "metering.deliver_alerts": (PERIODIC["metering.deliver_alerts"], deliver_alerts),
     }
 
 

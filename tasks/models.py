@@ -120,16 +120,12 @@ class TaskEvent(models.Model):
         return f"{self.task_id} {self.state} at {self.at:%H:%M:%S}"
 
 
-class CallbackDelivery(models.Model):
-    """One announcement of a task's state to its callback URL. Its id is the delivery id
-    a receiver sees on every attempt, so it can acknowledge a repeat as a repeat."""
-
-    tenant_path = "task__tenant_id"
+class Delivery(models.Model):
+    """One signed announcement POSTed until its receiver answers 2xx: the machinery task
+    callbacks and alerts (``metering.AlertDelivery``) share. Its id is the delivery id a
+    receiver sees on every attempt, so it can acknowledge a repeat as a repeat."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="deliveries")
-    state = models.CharField(max_length=16, choices=TaskState,
-                             help_text="The task state this delivery announces.")
     status = models.CharField(max_length=16, choices=DeliveryStatus,
                               default=DeliveryStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -144,7 +140,20 @@ class CallbackDelivery(models.Model):
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
+        abstract = True
         ordering = ["created_at"]
+
+
+class CallbackDelivery(Delivery):
+    """One announcement of a task's state to its callback URL."""
+
+    tenant_path = "task__tenant_id"
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="deliveries")
+    state = models.CharField(max_length=16, choices=TaskState,
+                             help_text="The task state this delivery announces.")
+
+    class Meta(Delivery.Meta):
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="delivery_due",
                                 condition=Q(status="pending"))]
 

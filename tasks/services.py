@@ -27,7 +27,7 @@ from django.utils import timezone
 from reach_core.kinds import FINAL_TASK_STATES, INTERRUPTED_TASK_STATES
 from tasks import doorbell
 from tasks.choices import DeliveryStatus, TaskState
-from tasks.models import CallbackDelivery, SigningSecret, Task, TaskEvent
+from tasks.models import CallbackDelivery, Delivery, SigningSecret, Task, TaskEvent
 from tenants import crypto
 
 logger = logging.getLogger(__name__)
@@ -446,22 +446,24 @@ def tasks_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
 DELIVERY_HOLD_S = 60.0  # a sender's hold on a delivery it posts (longer than its deadline)
 
 
-def deliveries_claim(*, limit: int, now: dt.datetime | None = None) -> list[CallbackDelivery]:
-    """Due deliveries, each held for ``DELIVERY_HOLD_S`` by the caller (a sender that dies
-    mid-post lets go when the hold lapses)."""
+def deliveries_claim(*, limit: int, now: dt.datetime | None = None,
+                     model: type[Delivery] = CallbackDelivery) -> list:
+    """Due deliveries of ``model`` (task callbacks, or alerts), each held for
+    ``DELIVERY_HOLD_S`` by the caller (a sender that dies mid-post lets go when the hold
+    lapses)."""
     now = now or timezone.now()
     hold = now + dt.timedelta(seconds=DELIVERY_HOLD_S)
     with transaction.atomic():
-        due = list(CallbackDelivery.objects.select_for_update(skip_locked=True).filter(
+        due = list(model.objects.select_for_update(skip_locked=True).filter(
             Q(claimed_until__isnull=True) | Q(claimed_until__lt=now),
             status=DeliveryStatus.PENDING, next_attempt_at__lte=now,
         ).order_by("next_attempt_at")[:limit])
-        CallbackDelivery.objects.filter(pk__in=[d.pk for d in due]).update(claimed_until=hold)
+        model.objects.filter(pk__in=[d.pk for d in due]).update(claimed_until=hold)
     return due
 
 
-def delivery_record(*, delivery: CallbackDelivery, status: int | None, error: str = "",
-                    now: dt.datetime | None = None) -> CallbackDelivery:
+def delivery_record(*, delivery: Delivery, status: int | None, error: str = "",
+                    now: dt.datetime | None = None) -> Delivery:
     """One attempt's answer: a 2xx acknowledges; anything else is retried after 1 s, 2 s,
     4 s, ... (jittered) until ``CALLBACK_RETRIES`` retries are spent."""
     now = now or timezone.now()
@@ -482,12 +484,11 @@ def delivery_record(*, delivery: CallbackDelivery, status: int | None, error: st
     return delivery
 
 
-def delivery_retrigger(*, delivery: CallbackDelivery, now: dt.datetime | None = None
-                       ) -> CallbackDelivery:
+def delivery_retrigger(*, delivery: Delivery, now: dt.datetime | None = None) -> Delivery:
     """Deliver again, now, an undelivered (or delivered) announcement: same delivery id,
     a fresh set of retries."""
     now = now or timezone.now()
-    CallbackDelivery.objects.filter(pk=delivery.pk).update(
+    type(delivery).objects.filter(pk=delivery.pk).update(
         status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, claimed_until=None,
         delivered_at=None)
     delivery.refresh_from_db()

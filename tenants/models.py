@@ -24,6 +24,13 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Where the tenant's alerts go (budget thresholds, an agent without a healthy
+    # instance): a signed POST, retried like task callbacks; empty: shown in the console
+    # only. Checked against the endpoint policy at every delivery.
+    alert_webhook_url = models.CharField(
+        max_length=500, blank=True,
+        help_text="HTTPS (or allowed internal) URL receiving this tenant's alerts, signed "
+                  "with its signing secret named 'alerts' (else 'default').")
 
     objects = TenantScopedQuerySet.as_manager()
 

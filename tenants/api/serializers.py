@@ -3,6 +3,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from reach_core.endpoints import EndpointRefused, check_registration
+from reach_platform.endpoints import endpoint_policy
 from reach_platform.serializers import (
     CleanModelSerializer,
     ScopedPrimaryKeyField,
@@ -33,8 +35,18 @@ def tenant_field() -> ScopedSlugField:
 class TenantSerializer(StrictModelSerializer):
     class Meta:
         model = Tenant
-        fields = ["id", "name", "slug", "is_active", "created_at"]
+        fields = ["id", "name", "slug", "is_active", "alert_webhook_url", "created_at"]
         read_only_fields = ["id", "created_at"]
+
+    def validate_alert_webhook_url(self, value: str) -> str:
+        """Where alerts may be sent is where agents may be: the endpoint policy (checked
+        again at every delivery, against what the name resolves to then)."""
+        if not value:
+            return value
+        try:
+            return check_registration(value, endpoint_policy())
+        except EndpointRefused as exc:
+            raise serializers.ValidationError(str(exc)) from exc
 
 
 class ApiKeySerializer(StrictModelSerializer):

@@ -162,10 +162,11 @@ def test_the_celery_tasks_are_registered_and_call_the_services(scene):
     from reach_platform.celery import app
 
     app.loader.import_default_modules()
-    assert {"metering.consume_usage", "metering.rollup", "metering.check_budgets"} <= set(
-        app.tasks)
+    assert {"metering.consume_usage", "metering.rollup", "metering.check_alerts",
+            "metering.deliver_alerts"} <= set(app.tasks)
     assert tasks.rollup() == {"hours": 0, "days": 0}  # nothing happened "now"
-    assert tasks.check_budgets() == 0
+    assert tasks.check_alerts() == {"opened": 0, "resolved": 0}
+    assert tasks.deliver_alerts() == {"attempted": 0}
 
 
 def test_errors_are_counted_per_reason_and_success_never(db):
