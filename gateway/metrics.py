@@ -94,3 +94,9 @@ ROUTE_PROPAGATION = Histogram(
 )
 USAGE_BACKLOG = Gauge("reach_usage_backlog", "Usage events waiting in this gateway to be "
                       "shipped to the metering pipeline.", registry=REGISTRY)
+INSTANCE_TRANSITIONS = Counter(
+    "reach_instance_transitions", "Instance state changes this gateway applied (every "
+    "gateway sees each one: aggregate with max, not sum). unknown -> healthy is a "
+    "heartbeat false positive: an instance judged lapsed that was alive.",
+    ["from_state", "to_state"], registry=REGISTRY,
+)

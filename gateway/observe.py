@@ -18,6 +18,7 @@ from gateway.metrics import (
     AGENT_CALL_DURATION,
     AGENT_CALLS,
     AGENT_UPSTREAM_DURATION,
+    INSTANCE_TRANSITIONS,
     INTENT_CALLS,
     STREAM_FIRST_BYTE,
 )
@@ -96,3 +97,27 @@ def _log(ctx: CallContext, outcome: str, reason: str, agent: str, capability: st
     where = f" {capability} via {agent} #{call['instance']}" if capability else ""
     logger.info("call %s%s in %.1f ms", outcome, where, call["duration_ms"],
                 extra={"call": call})
+
+
+class TransitionCounter:
+    """Counts the instance state changes between consecutive route tables (a listener of
+    the route-table subscriber): only the changed agents' instances are compared."""
+
+    def __init__(self) -> None:
+        self._previous = None
+
+    def __call__(self, table) -> None:
+        previous, self._previous = self._previous, table
+        changed = table.changed_agents
+        if previous is None or changed is None:
+            return  # a whole table (the first, or a reload): no change to attribute
+        for agent_pk in changed:
+            before = previous.agents.get(agent_pk)
+            after = table.agents.get(agent_pk)
+            if before is None or after is None:
+                continue
+            was = {i.pk: i.state for i in before.instances}
+            for instance in after.instances:
+                old = was.get(instance.pk)
+                if old is not None and old != instance.state:
+                    INSTANCE_TRANSITIONS.labels(str(old), str(instance.state)).inc()

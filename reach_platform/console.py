@@ -53,8 +53,21 @@ def dashboard_context(request, now: dt.datetime | None = None) -> dict:
         .filter(Q(resolved_at__isnull=True) | Q(opened_at__gte=now - 7 * DAY))
         .order_by(F("resolved_at").desc(nulls_first=True), "-opened_at")[:20],
         "backlog": usage_backlog(),
+        **_false_positives(request, now - DAY),
         "call_log_url": reverse("admin:metering_usageevent_changelist"),
     }
+
+
+def _false_positives(request, since: dt.datetime) -> dict:
+    """Heartbeat false positives: instances judged lapsed (unknown) that came back healthy
+    on their own, of all the lapses, since ``since``."""
+    tenant_ids = principal_for_request(request).tenant_ids
+    transitions = InstanceTransition.objects.filter(at__gte=since)
+    if tenant_ids is not None:
+        transitions = transitions.filter(agent__owner_tenant_id__in=tenant_ids)
+    return {"lapses": transitions.filter(to_state=InstanceState.UNKNOWN).count(),
+            "false_positives": transitions.filter(from_state=InstanceState.UNKNOWN,
+                                                  to_state=InstanceState.HEALTHY).count()}
 
 
 def _visible_instances(request):

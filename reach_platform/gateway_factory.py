@@ -35,6 +35,7 @@ from gateway.metrics import (
     ROUTE_PROPAGATION,
     USAGE_BACKLOG,
 )
+from gateway.observe import TransitionCounter
 from gateway.route_feedback import FeedbackRecorder
 from gateway.tasks import EngineSettings, TaskDoors
 from gateway.tunnel import RedisDirectory, TunnelHub
@@ -254,6 +255,9 @@ def following_gateway(*, governed: bool = True, run_tasks: bool | None = None) -
     map_large_blocks()
     runtime = start_route_subscriber()
     runtime.subscriber.on_propagated = ROUTE_PROPAGATION.observe
+    counter = TransitionCounter()
+    counter(runtime.subscriber.table)
+    runtime.subscriber.on_change(counter)
     intents = IntentIndexHolder(embedder=configured_embedder(settings.INTENT_EMBEDDER),
                                 threshold=settings.INTENT_THRESHOLD)
     intents.follow(runtime.subscriber, after_first=return_freed_memory)

@@ -116,3 +116,22 @@ def test_an_agents_page_charts_its_calls_and_lists_its_state_changes(world, clie
     # Another tenant's agent: refused.
     client.force_login(world.outsider)
     assert client.get(url).status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_dashboard_counts_heartbeat_false_positives(world, client):
+    from registry.models import InstanceTransition
+
+    instance = factories.instance(agent=world.agent_a)
+    now = timezone.now()
+    for was, to in (("healthy", "unknown"), ("unknown", "healthy"), ("healthy", "unknown"),
+                    ("unknown", "offline")):
+        InstanceTransition.objects.create(agent=world.agent_a, instance=instance,
+                                          instance_pk=instance.pk, from_state=was,
+                                          to_state=to, at=now, reason="test")
+    client.force_login(world.owner)
+    html = client.get(reverse("admin:index")).content.decode()
+    assert cell(html, "reach-false-positives") == "1 / 2"
+    client.force_login(world.outsider)
+    assert cell(client.get(reverse("admin:index")).content.decode(),
+                "reach-false-positives") == "0 / 0"
