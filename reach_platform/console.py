@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
+import time
+import uuid
 
 from django.conf import settings
 from django.contrib import admin
@@ -136,6 +138,11 @@ def agent_activity(request, pk: int):
         "call_log_url": reverse("admin:metering_usageevent_changelist")
         + f"?agent__id__exact={agent.pk}",
         "dry_run": _dry_run(request, agent) if request.method == "POST" else None,
+        "real_call": _real_call(request, agent)
+        if request.method == "POST" and request.POST.get("real") else None,
+        "can_call": bool(settings.CONSOLE_GATEWAY_URL)
+        and principal.can_manage(agent.owner_tenant_id),
+        "input": request.POST.get("input", "{}"),
     }
     return TemplateResponse(request, "admin/console/agent.html", context)
 
@@ -156,6 +163,72 @@ def _dry_run(request, agent: Agent) -> dict:
     chosen = explained["chosen"] or next(iter(explained["candidates"]), None)
     return {"capability": capability, "explained": explained, "chosen": chosen,
             "error": decision.error}
+
+
+# A test call's key is the owner tenant's, for this call only: it expires on its own
+# within the minute, and is revoked as soon as the call returned.
+TEST_KEY_LIFETIME = dt.timedelta(seconds=60)
+TEST_CALL_TIMEOUT_S = 30.0
+KEY_PROPAGATION_S = 5.0  # how long a new key may take to reach the gateway's table
+
+
+def _real_call(request, agent: Agent) -> dict:
+    """One real call of a capability of the agent, through a gateway, as its owner tenant
+    (only for those who may manage that tenant: a call may cost money): the gateway's
+    status, its reply and the request id to find it in the call log."""
+    import httpx
+    import orjson
+
+    from tenants.choices import ApiKeyScope
+    from tenants.services import api_key_create, api_key_revoke
+
+    principal = principal_for_request(request)
+    if not principal.can_manage(agent.owner_tenant_id):
+        raise PermissionDenied
+    if not settings.CONSOLE_GATEWAY_URL:
+        return {"error": "No gateway to call: set REACH_CONSOLE_GATEWAY_URL."}
+    capability = request.POST.get("capability", "")
+    if not agent.capabilities.filter(capability_id=capability).exists():
+        return {"error": f"{capability!r} is not one of this agent's capabilities."}
+    try:
+        payload = orjson.loads(request.POST.get("input") or "{}")
+    except orjson.JSONDecodeError as exc:
+        return {"error": f"The input is not JSON: {exc}"}
+    if not isinstance(payload, dict):
+        return {"error": "The input must be a JSON object."}
+    issued = api_key_create(tenant=agent.owner_tenant, scopes=[ApiKeyScope.INVOKE],
+                            name=f"console test call by {request.user.get_username()}"[:100],
+                            expires_at=timezone.now() + TEST_KEY_LIFETIME)
+    request_id = uuid.uuid4().hex
+    try:
+        reply = _call_when_known(issued.plaintext, request_id, {
+            "capability": capability, "input": payload,
+            "namespace": agent.namespace.name})
+    except httpx.HTTPError as exc:
+        return {"error": f"The gateway at {settings.CONSOLE_GATEWAY_URL} did not answer "
+                         f"({type(exc).__name__}).", "request_id": request_id}
+    finally:
+        api_key_revoke(api_key=issued.api_key)
+    return {"status": reply.status_code, "request_id": request_id,
+            "body": reply.text[:4000],
+            "call_log_url": reverse("admin:metering_usageevent_changelist")
+            + f"?q={request_id}"}
+
+
+def _call_when_known(key: str, request_id: str, body: dict):
+    """POST the call; while the gateway does not know the new key yet (401 until the
+    route-table change reaches it), try again, for at most ``KEY_PROPAGATION_S``."""
+    import httpx
+
+    deadline = time.monotonic() + KEY_PROPAGATION_S
+    with httpx.Client(base_url=settings.CONSOLE_GATEWAY_URL, timeout=TEST_CALL_TIMEOUT_S,
+                      headers={"Authorization": f"Bearer {key}",
+                               "X-Request-ID": request_id}) as client:
+        while True:
+            reply = client.post("/v1/invoke", json=body)
+            if reply.status_code != 401 or time.monotonic() >= deadline:
+                return reply
+            time.sleep(0.05)
 
 
 def urls() -> list:

@@ -321,6 +321,9 @@ ROUTES_SNAPSHOT_EVERY_S = env.float("REACH_ROUTES_SNAPSHOT_EVERY_S", default=30.
 # default serves both; production runs control-plane processes with false, so route-table
 # changes and heartbeats cost them nothing.
 SERVE_GATEWAY = env.bool("REACH_SERVE_GATEWAY", default=True)
+# A gateway the console's "test call" sends its real call to (e.g. http://10.0.0.7:8080);
+# the run command sets its own address. Empty: the console offers dry runs only.
+CONSOLE_GATEWAY_URL = env.str("REACH_CONSOLE_GATEWAY_URL", default="")
 # Whether it serves the API and the admin: false only in a gateway process, which
 # reach_platform.gateway_settings configures (not an environment variable: those
 # processes are started from their own entry point, reach_platform.gateway_asgi).

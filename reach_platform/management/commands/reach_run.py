@@ -42,6 +42,10 @@ class Command(BaseCommand):
         claim_own_port(port)
         call_command("migrate", interactive=False, verbosity=0)
         base = f"http://{host}:{port}"
+        # The console's real test calls go to this process's own gateway.
+        local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104
+        settings.CONSOLE_GATEWAY_URL = settings.CONSOLE_GATEWAY_URL or \
+            f"http://{'[' + local + ']' if ':' in local else local}:{port}"
         mode = "production" if settings.DATABASES["default"]["ENGINE"].endswith(
             "postgresql"
         ) else "embedded"
