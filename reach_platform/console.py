@@ -118,22 +118,29 @@ def agent_activity(request, pk: int):
         raise PermissionDenied
     now = timezone.now()
     tenant_ids = principal.tenant_ids
-    halves = dashboard.buckets(tenant_ids, until=now, count=48,
-                               width=dt.timedelta(minutes=30), agent_id=agent.pk)
     instances = list(agent.instances.order_by("pk"))
+    # ?instance=<pk>: the page of one instance (its calls and its state changes).
+    chosen = next((i for i in instances if str(i.pk) == request.GET.get("instance")), None)
+    halves = dashboard.buckets(tenant_ids, until=now, count=48,
+                               width=dt.timedelta(minutes=30), agent_id=agent.pk,
+                               instance_id=chosen.pk if chosen else None)
+    transitions = InstanceTransition.objects.filter(agent=agent)
+    if chosen is not None:
+        transitions = transitions.filter(instance_pk=chosen.pk)
     context = {
         **admin.site.each_context(request),
-        "title": f"{agent.namespace.name}/{agent.name}",
-        "agent": agent,
+        "title": f"{agent.namespace.name}/{agent.name}"
+        + (f", instance {chosen.pk}" if chosen else ""),
+        "agent": agent, "chosen": chosen,
         "hour": dashboard.summary(tenant_ids, since=now - HOUR, until=now + dt.timedelta(
             seconds=1), agent_id=agent.pk),
         "day": dashboard.summary(tenant_ids, since=now - DAY, until=now + dt.timedelta(
             seconds=1), agent_id=agent.pk),
-        "chart": stacked_bars("Calls per half hour, last day",
+        "chart": stacked_bars("Calls per half hour, last day"
+                              + (f", instance {chosen.pk}" if chosen else ""),
                               [(f"{b.start:%m-%d %H:%M}", b.ok, b.failed) for b in halves]),
         "instances": instances,
-        "transitions": InstanceTransition.objects.filter(instance__agent=agent)
-        .select_related("instance").order_by("-at")[:30],
+        "transitions": transitions.order_by("-at")[:30],
         "capabilities": list(agent.capabilities.order_by("capability_id")),
         "call_log_url": reverse("admin:metering_usageevent_changelist")
         + f"?agent__id__exact={agent.pk}",

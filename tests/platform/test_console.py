@@ -135,3 +135,25 @@ def test_the_dashboard_counts_heartbeat_false_positives(world, client):
     client.force_login(world.outsider)
     assert cell(client.get(reverse("admin:index")).content.decode(),
                 "reach-false-positives") == "0 / 0"
+
+
+@pytest.mark.django_db
+def test_an_instances_page_charts_its_own_calls_and_state_changes(world, client):
+    first = factories.instance(agent=world.agent_a)
+    second = factories.instance(agent=world.agent_a)
+    instance_drain(instance=first)
+    now = timezone.now()
+    UsageEvent.objects.bulk_create([UsageEvent(
+        request_id=uuid.uuid4().hex, tenant=world.tenant_a, agent=world.agent_a,
+        instance=instance, outcome=outcome, occurred_at=now - dt.timedelta(minutes=1))
+        for instance, outcome in ((first, "success"), (second, "upstream_error"),
+                                  (second, "upstream_error"))])
+    client.force_login(world.owner)
+    url = reverse("console-agent", args=[world.agent_a.pk])
+    page = client.get(url, {"instance": second.pk}).content.decode()
+    bars = re.findall(r"<title>[^<]*: (\d+) reached, (\d+) failed</title>", page)
+    assert sum(int(ok) for ok, _ in bars) == 0 and sum(int(f) for _, f in bars) == 2
+    assert "drained" not in page  # the drain was the other instance's
+    page = client.get(url, {"instance": first.pk}).content.decode()
+    bars = re.findall(r"<title>[^<]*: (\d+) reached, (\d+) failed</title>", page)
+    assert sum(int(ok) for ok, _ in bars) == 1 and "drained" in page
