@@ -36,14 +36,17 @@ from gateway.calls import Caller
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.governance import Governor
-from gateway.http_io import header, read_body, send_bytes, send_error, send_json
+from gateway.http_io import header, parse_json, read_body, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
+from gateway.limits import InProcessLimiter
 from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, SHED, TABLE_VERSION
 from gateway.pipeline import Pipeline, Request
 from gateway.route_feedback import MAX_BODY_BYTES as FEEDBACK_MAX_BODY_BYTES
 from gateway.route_feedback import FeedbackRecorder
 from gateway.task_runner import TaskRunner
 from gateway.tasks import EngineSettings, TaskDoors, TaskEngine, task_path
+from gateway.tools import ToolCaller, ToolDoors
+from gateway.tools import listing as tool_listing
 from gateway.tunnel import TUNNEL_PATH, TunnelHub
 from gateway.usage import UsageQueue
 from reach_core import requestid
@@ -75,7 +78,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/metrics"): Route("metrics", "_metrics"),
     ("HEAD", "/metrics"): Route("metrics", "_metrics"),
     ("GET", "/v1/tasks"): Route("tasks", "_task_list"),
+    ("GET", "/v1/tools"): Route("tools", "_tool_list"),
 }
+TOOL_CALL = Route("tool_call", "_tool_call")  # POST /v1/tools/<name>/call
 _PATHS = {path for _, path in ROUTES}
 # ``/v1/tasks/<id>`` and its actions: (method, action) -> route.
 TASK_ROUTES: dict[tuple[str, str], Route] = {
@@ -95,14 +100,20 @@ class GatewayApp:
                  tasks: TaskDoors | None = None, engine: EngineSettings | None = None,
                  tunnels: TunnelHub | None = None,
                  route_feedback: FeedbackRecorder | None = None,
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True,
+                 tool_breakers: CircuitBreakers | None = None,
+                 authenticate_agent: Callable[[str], Awaitable[int | None]] | None = None
+                 ) -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
         ``background``: coroutine functions run for the process's lifetime; ``closers``:
         coroutine functions awaited at shutdown (Redis clients); ``tasks``: the
         ``/v1/tasks`` doors and asynchronous submissions (None: 503 for them); ``engine``:
         this process also runs tasks (the embedded mode, and the workers'), with
         ``tasks``' store and this pipeline; ``route_feedback``: where route feedback,
-        reported or inferred, goes (None: 503 for ``/v1/route/feedback``, no inference)."""
+        reported or inferred, goes (None: 503 for ``/v1/route/feedback``, no inference);
+        ``tool_breakers``: one breaker per tool (``gateway.tools``); ``authenticate_agent``:
+        the agent an agent token stands for (asked of the control plane's database), for
+        agents calling tools."""
         self._table = table
         self._ready = ready  # False while there is no table at all (see ``readiness``)
         self.tasks = tasks
@@ -118,6 +129,11 @@ class GatewayApp:
                                  governor=governor, usage=usage,
                                  idempotency_store=idempotency or MemoryStore(),
                                  idempotency_fail_open=idempotency_fail_open, tasks=tasks)
+        self.tools = ToolDoors(
+            caller=self.caller, usage=usage,
+            limiter=governor.limiter if governor is not None else InProcessLimiter(),
+            fallback=governor.fallback if governor is not None else None,
+            breakers=tool_breakers or CircuitBreakers(), authenticate_agent=authenticate_agent)
         jobs = [*background, self.caller.pools.close_idle_forever]
         if tunnels is not None:
             jobs.append(tunnels.follow)
@@ -214,6 +230,10 @@ class GatewayApp:
         route = ROUTES.get((scope["method"], path))
         if route is None and path.startswith("/v1/tasks/"):
             route = self._task_route(scope, path)
+        elif route is None and path.startswith("/v1/tools/") and path.endswith("/call") \
+                and scope["method"] == "POST":
+            route = TOOL_CALL
+            scope["reach.tool"] = path[len("/v1/tools/"):-len("/call")]
         started = time.monotonic()
         outcome = Outcome.SUCCESS
         try:
@@ -360,6 +380,61 @@ class GatewayApp:
             return None
         scope["reach.task_id"], scope["reach.task_action"] = parsed
         return TASK_ROUTES.get((scope["method"], parsed[1]))
+
+    # ---- tools ---------------------------------------------------------------------------
+
+    async def _tool_caller(self, scope) -> tuple[RouteTable, ToolCaller]:
+        address = (scope.get("client") or ("?",))[0]
+        self.auth_failures.check(address)
+        table = self._table()
+        try:
+            return table, await self.tools.caller_of(table, header(scope, b"authorization"))
+        except ReachError as error:
+            if error.code == "unauthorized":
+                self.auth_failures.record(address)
+            raise
+
+    async def _tool_list(self, request_id, scope, receive, send) -> str:
+        table, who = await self._tool_caller(scope)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        fmt = query.get("format", [None])[-1]
+        if fmt not in (None, "openai"):
+            raise ReachError("bad_request", "'format' is 'openai' or absent.")
+        await send_json(send, 200, tool_listing(self.tools.permitted(table, who), fmt),
+                        request_id)
+        return Outcome.SUCCESS
+
+    async def _tool_call(self, request_id, scope, receive, send) -> str:
+        shedder = self.shedder
+        if shedder.in_flight >= shedder.limit:
+            SHED.inc()
+            raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
+                             f"({shedder.limit} now); retry shortly.")
+        shedder.in_flight += 1
+        try:
+            table, who = await self._tool_caller(scope)
+            tool = self.tools.tool(table, who, scope["reach.tool"])
+            content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
+            if content_type.lower() != "application/json":
+                raise ReachError("unsupported_media_type",
+                                 "Send the request body as Content-Type: application/json.")
+            body = parse_json(await read_body(scope, receive, self.config.max_body_bytes))
+            unknown = sorted(set(body) - {"arguments"})
+            if unknown:
+                raise ReachError("invalid_input", f"Unknown field(s): {', '.join(unknown)}; "
+                                 "send {\"arguments\": {...}}.",
+                                 details={name: ["unknown field"] for name in unknown})
+            deadline = header(scope, b"x-reach-deadline-ms")
+            if deadline is not None and (not deadline.isdigit() or int(deadline) < 1):
+                raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
+                                 "integer (milliseconds).")
+            reply = await self.tools.call(table, who, tool, body.get("arguments", {}),
+                                          request_id=request_id,
+                                          deadline_ms=int(deadline) if deadline else None)
+        finally:
+            shedder.in_flight -= 1
+        await send_json(send, 200, reply, request_id)
+        return Outcome.SUCCESS
 
     async def _task_doors(self, request_id, scope, receive, send) -> tuple[TaskDoors, int]:
         request = await self._request(request_id, scope, receive, send)

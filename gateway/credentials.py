@@ -15,7 +15,7 @@ from functools import lru_cache
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from reach_core.errors import ReachError
-from routing.table import CredentialEntry, RouteTable
+from routing.table import RouteTable
 
 
 class Credentials:
@@ -56,7 +56,12 @@ class Credentials:
         context.load_cert_chain(cert, key)
         return context
 
-    def secret(self, entry: CredentialEntry) -> str | None:
+    def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
+        """A client context for mTLS (cached): a credential's, or a tool's."""
+        return self._ssl(cert, key, key_env, ca_file)
+
+    def secret(self, entry) -> str | None:
+        """The secret of a credential (or of a tool: the same two fields)."""
         if entry.value_env:
             return os.environ.get(entry.value_env)
         if entry.secret_ciphertext:

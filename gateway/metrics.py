@@ -100,3 +100,7 @@ INSTANCE_TRANSITIONS = Counter(
     "heartbeat false positive: an instance judged lapsed that was alive.",
     ["from_state", "to_state"], registry=REGISTRY,
 )
+TOOL_CALLS = Counter("reach_tool_calls", "Tool calls through the gateway, by tool and outcome.",
+                     ["tool", "outcome"], registry=REGISTRY)
+TOOL_CALL_DURATION = Histogram("reach_tool_call_duration_seconds", "Tool call latency.",
+                               ["tool"], buckets=_SECONDS, registry=REGISTRY)

@@ -44,7 +44,9 @@ def month_usage(tenant_id: int, agent_id: int | None = None, *,
                 now: datetime | None = None) -> MonthUsage:
     """A tenant's usage this calendar month, optionally narrowed to an agent or capability."""
     start, end = _month_bounds(now or datetime.now(tz=UTC))
-    scope = Q(tenant_id=tenant_id, occurred_at__gte=start, occurred_at__lt=end)
+    # Agent calls only: tool calls have quotas of their own, not the tenant's budgets.
+    scope = Q(tenant_id=tenant_id, occurred_at__gte=start, occurred_at__lt=end,
+              tool__isnull=True)
     if agent_id is not None:
         scope &= Q(agent_id=agent_id)
     if capability_id is not None:

@@ -30,6 +30,7 @@ from metering.rollups import pending_mark
 from reach_core.queues import Drainable, drain_into
 from registry.models import Agent, Capability, Instance
 from tenants.models import Tenant
+from tools.models import Tool
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,19 @@ def _event_fields(raw: Any) -> dict[str, Any]:
         "route_ms": _float(raw, "route_ms"),
         "upstream_ms": _float(raw, "upstream_ms"),
         "first_byte_ms": _float(raw, "first_byte_ms"),
+        "tool_id": _int(raw, "tool", low=1, high=_PK_MAX, nullable=True),
+        "caller_agent_id": _int(raw, "caller_agent", low=1, high=_PK_MAX, nullable=True),
+        "argument_digest": _digest(raw),
+        "upstream_status": _int(raw, "upstream_status", low=100, high=599, nullable=True),
     }
+
+
+def _digest(raw: Mapping[str, Any]) -> str:
+    value = raw.get("argument_digest") or ""
+    if not isinstance(value, str) or len(value) > 64 or not all(
+            c in "0123456789abcdef" for c in value):
+        raise _Malformed("argument_digest is not a hex SHA-256")
+    return value
 
 
 def _existing(queryset: models.QuerySet, field: str, values: Iterable[Any]) -> set[Any]:
@@ -212,7 +225,8 @@ def usage_events_store(events: Iterable[Any]) -> int:
                        ", ".join(orphans[:_LOG_SAMPLE]))
         values = [r for r in values if r["tenant_id"] in tenants]
     for model, field in ((Agent, "agent_id"), (Capability, "capability_id"),
-                         (Instance, "instance_id")):
+                         (Instance, "instance_id"), (Agent, "caller_agent_id"),
+                         (Tool, "tool_id")):
         alive = _existing(model.objects.all(), "pk", (r[field] for r in values))
         for row in values:
             if row[field] is not None and row[field] not in alive:

@@ -51,6 +51,15 @@ class UsageEvent(models.Model):
     route_ms = models.FloatField(null=True, blank=True)
     upstream_ms = models.FloatField(null=True, blank=True)
     first_byte_ms = models.FloatField(null=True, blank=True)
+    # A tool call (``gateway.tools``): the tool, the agent that called it (None: a tenant
+    # key), the SHA-256 of its arguments (never their values: this row is the call's
+    # audit record) and the external service's HTTP status.
+    tool = models.ForeignKey("tools.Tool", null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="+")
+    caller_agent = models.ForeignKey("registry.Agent", null=True, blank=True,
+                                     on_delete=models.SET_NULL, related_name="+")
+    argument_digest = models.CharField(max_length=64, blank=True)
+    upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
 

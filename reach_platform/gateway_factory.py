@@ -72,6 +72,16 @@ def circuit_breakers() -> CircuitBreakers:
     )
 
 
+def tool_breakers() -> CircuitBreakers:
+    """One breaker per tool, with the agents' settings (and no instance to count)."""
+    return CircuitBreakers(
+        window_seconds=settings.GATEWAY_BREAKER_WINDOW_S,
+        failure_ratio=settings.GATEWAY_BREAKER_FAILURE_RATIO,
+        min_volume=settings.GATEWAY_BREAKER_MIN_VOLUME,
+        cooldown_seconds=settings.GATEWAY_BREAKER_COOLDOWN_S,
+    )
+
+
 def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                   governed: bool = True, run_tasks: bool | None = None,
                   ready: Callable[[], bool] = lambda: True) -> GatewayApp:
@@ -99,7 +109,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                           usage=usage, idempotency=MemoryStore(), tasks=tasks,
                           engine=engine_settings(None) if run_tasks else None,
                           tunnels=TunnelHub(table=table, authenticate=agent_of_token),
-                          route_feedback=route_feedback, ready=ready)
+                          route_feedback=route_feedback, ready=ready,
+                          tool_breakers=tool_breakers(), authenticate_agent=agent_of_token)
 
     prefix = settings.REDIS_KEY_PREFIX
     client = redis_client(settings.REDIS_URL)
@@ -133,7 +144,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                       tunnels=TunnelHub(table=table, authenticate=agent_of_token,
                                         directory=RedisDirectory(client, prefix),
                                         relay=channel_layer()),
-                      route_feedback=route_feedback, ready=ready)
+                      route_feedback=route_feedback, ready=ready,
+                          tool_breakers=tool_breakers(), authenticate_agent=agent_of_token)
 
 
 def channel_layer():

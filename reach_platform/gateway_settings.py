@@ -16,6 +16,7 @@ INSTALLED_APPS = [
     "tenants",
     "registry",
     "tasks",  # /v1/tasks: submitted and read by the gateway, run by the workers
+    "tools",  # tools reach the route table through the ORM
 ]
 MIDDLEWARE = [
     "reach_platform.middleware.RequestIdMiddleware",

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "metering",
     "audit",
     "tasks",
+    "tools",
 ]
 
 MIDDLEWARE = [

@@ -28,6 +28,7 @@ from tenants.api.views import (
     QuotaViewSet,
     TenantViewSet,
 )
+from tools.api.views import ToolGrantViewSet, ToolViewSet
 
 router = SimpleRouter()
 # Trailing slash optional: a redirect would drop a POST body, and clients differ.
@@ -47,6 +48,8 @@ router.register("usage/daily", UsageDailyViewSet, basename="usage-daily")
 router.register("audit", AuditEntryViewSet, basename="audit-entry")
 router.register("tasks", TaskViewSet, basename="task")
 router.register("signing-secrets", SigningSecretViewSet, basename="signing-secret")
+router.register("tools", ToolViewSet, basename="tool")
+router.register("tool-grants", ToolGrantViewSet, basename="tool-grant")
 
 admin.site.site_header = "Agent-Reach operations"
 admin.site.site_title = "Agent-Reach"

@@ -34,6 +34,7 @@ from routing.table import (
     QuotaEntry,
     RouteTable,
     TenantEntry,
+    ToolEntry,
 )
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
@@ -292,6 +293,34 @@ def _routable_phrases():
         "pk", "tenant_id", "capability_id", "phrase", "routable")
 
 
+def tool_entry(t) -> ToolEntry:
+    grants = list(t.grants.all())
+    return ToolEntry(
+        pk=t.pk, name=t.name, owner_tenant_pk=t.owner_tenant_id, display_name=t.display_name,
+        description=t.description, when_to_use=t.when_to_use,
+        when_not_to_use=t.when_not_to_use, input_schema=t.input_schema or {},
+        output_description=t.output_description, output_schema=t.output_schema or {},
+        examples=t.examples or [], timeout_ms=t.timeout_ms, visibility=t.visibility,
+        url_template=t.url_template, method=t.method,
+        query_arguments=t.query_arguments or [], auth_kind=t.auth_kind,
+        auth_field_name=t.auth_field_name,
+        secret_ciphertext=(base64.b64encode(bytes(t.secret_ciphertext)).decode()
+                           if t.secret_ciphertext else ""),
+        value_env=t.value_env, client_cert_path=t.client_cert_path,
+        client_key_path=t.client_key_path, ca_file=t.ca_file,
+        caller_calls_per_minute=t.caller_calls_per_minute,
+        calls_per_minute=t.calls_per_minute,
+        granted_tenants=frozenset(g.tenant_id for g in grants if g.tenant_id),
+        granted_agents=frozenset(g.agent_id for g in grants if g.agent_id),
+    )
+
+
+def _tools():
+    from tools.models import Tool
+
+    return Tool.objects.prefetch_related("grants")
+
+
 # kind -> (table attribute, queryset of all rows, row -> entry or None)
 BUILDERS = {
     "agent": ("agents", _agents, agent_entry),
@@ -301,6 +330,7 @@ BUILDERS = {
     "credential": ("credentials", Credential.objects.all, credential_entry),
     "quota": ("quotas", Quota.objects.all, quota_entry),
     "learned": ("learned", _routable_phrases, learned_entry),
+    "tool": ("tools", _tools, tool_entry),
 }
 
 

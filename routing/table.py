@@ -200,6 +200,56 @@ class LearnedEntry:
     phrase: str
 
 
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    """A tool as the gateway calls it and offers it (``tools.models.Tool``). The secret
+    stays encrypted here, as for credentials; grants are folded in."""
+
+    pk: int
+    name: str
+    owner_tenant_pk: int
+    display_name: str = ""
+    description: str = ""
+    when_to_use: str = ""
+    when_not_to_use: str = ""
+    input_schema: Mapping = field(default_factory=_empty)
+    output_description: str = ""
+    output_schema: Mapping = field(default_factory=_empty)
+    examples: tuple = ()
+    timeout_ms: int = 10_000
+    visibility: str = "private"
+    url_template: str = ""
+    method: str = "GET"
+    query_arguments: tuple[str, ...] = ()
+    auth_kind: str = "none"
+    auth_field_name: str = ""
+    secret_ciphertext: str = ""
+    value_env: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
+    ca_file: str = ""
+    caller_calls_per_minute: int | None = None
+    calls_per_minute: int | None = None
+    granted_tenants: frozenset[int] = frozenset()
+    granted_agents: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        for name in ("input_schema", "output_schema", "examples", "query_arguments"):
+            value = getattr(self, name)
+            if isinstance(value, dict | list):
+                object.__setattr__(self, name, freeze(value))
+        for name in ("granted_tenants", "granted_agents"):
+            value = getattr(self, name)
+            if not isinstance(value, frozenset):
+                object.__setattr__(self, name, frozenset(value))
+
+    def callable_by(self, tenant_pk: int, agent_pk: int | None) -> bool:
+        """Whether a caller (a tenant's key, or an agent of that tenant) may call it."""
+        return (tenant_pk == self.owner_tenant_pk or self.visibility == "public"
+                or tenant_pk in self.granted_tenants
+                or (agent_pk is not None and agent_pk in self.granted_agents))
+
+
 # Kinds of entry a delta can carry, keyed by the name used on the wire.
 ENTRY_TYPES: dict[str, type] = {
     "agent": AgentEntry,
@@ -209,6 +259,7 @@ ENTRY_TYPES: dict[str, type] = {
     "credential": CredentialEntry,
     "quota": QuotaEntry,
     "learned": LearnedEntry,
+    "tool": ToolEntry,
 }
 _COLLECTION = {
     "agent": "agents",
@@ -218,6 +269,7 @@ _COLLECTION = {
     "credential": "credentials",
     "quota": "quotas",
     "learned": "learned",
+    "tool": "tools",
 }
 
 
@@ -246,6 +298,7 @@ class RouteTable:
     credentials: Mapping[int, CredentialEntry] = field(default_factory=_empty)
     quotas: Mapping[int, QuotaEntry] = field(default_factory=_empty)
     learned: Mapping[int, LearnedEntry] = field(default_factory=_empty)
+    tools: Mapping[int, ToolEntry] = field(default_factory=_empty)
     # Derived indexes, rebuilt by ``indexed()``; never shipped.
     agents_by_capability: Mapping[str, tuple[int, ...]] = field(
         default_factory=_empty, compare=False
@@ -254,6 +307,7 @@ class RouteTable:
     # namespaces): the chat door's ``model`` is looked up here, never by scanning.
     agents_by_name: Mapping[str, tuple[int, ...]] = field(default_factory=_empty, compare=False)
     api_keys_by_prefix: Mapping[str, ApiKeyEntry] = field(default_factory=_empty, compare=False)
+    tools_by_name: Mapping[str, ToolEntry] = field(default_factory=_empty, compare=False)
     grants_by_tenant: Mapping[int, tuple[GrantEntry, ...]] = field(
         default_factory=_empty, compare=False
     )
@@ -448,6 +502,8 @@ _DERIVED = {
     "learned": ("learned_by_tenant",
                 lambda t: {k: tuple(sorted(v, key=lambda e: e.pk))
                            for k, v in _by_tenant(t.learned).items()}),
+    "tool": ("tools_by_name",
+             lambda t: types.MappingProxyType({e.name: e for e in t.tools.values()})),
 }
 
 
@@ -535,7 +591,7 @@ def entry_from_wire(kind: str, data: Mapping) -> Any:
     values = dict(data)
     if klass is ApiKeyEntry:
         values["scopes"] = frozenset(values["scopes"])
-    return klass(**values)
+    return klass(**values)  # ToolEntry freezes its own lists and sets
 
 
 def _capability_from_wire(data: Mapping) -> CapabilityEntry:

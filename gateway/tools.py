@@ -1,0 +1,381 @@
+"""The tool gateway: every external API an agent calls goes through one guarded door.
+
+``POST /v1/tools/<name>/call`` with ``{"arguments": {...}}``, by an agent (its agent
+token) or a tenant (an ``invoke`` key):
+
+    authenticate -> find the tool the caller may call -> validate the arguments
+    -> quotas (the caller's, and the tool's total towards the external system, shared
+    by every gateway process) -> the tool's breaker -> the request, with the secret only
+    the gateway holds -> at most one safe retry -> one usage event (the audit record)
+
+The audit record carries the arguments' digest, never their values. A tool's failures
+open the tool's breaker, never the calling agent's: its router score is untouched.
+``GET /v1/tools`` lists the tools a caller may call, as OpenAI ``tools`` with
+``?format=openai``; ``gateway.mcp`` offers the same over MCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from gateway.auth import authenticate
+from gateway.breaker import CircuitBreakers
+from gateway.calls import Caller
+from gateway.limits import Limit
+from gateway.metrics import TOOL_CALL_DURATION, TOOL_CALLS
+from gateway.usage import UsageQueue
+from reach_core import requestid
+from reach_core.errors import ReachError
+from routing.table import RouteTable, ToolEntry
+
+AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (the agent tokens' prefix, not a secret)
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_IDEMPOTENT = frozenset({"GET", "PUT", "DELETE"})
+RESULT_MAX_BYTES = 4 * 1024 * 1024
+AGENT_TOKEN_TTL_S = 60.0  # how long a token's check is trusted (revocation takes this long)
+POOL_CONNECTIONS = 64
+
+
+@dataclass(frozen=True)
+class ToolCaller:
+    """Who calls: a tenant (its key), or one of its agents (its agent token)."""
+
+    tenant_pk: int
+    agent_pk: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"agent:{self.agent_pk}" if self.agent_pk is not None else \
+            f"tenant:{self.tenant_pk}"
+
+
+def digest(arguments: dict) -> str:
+    """The arguments' fingerprint for the audit record (their values are never kept)."""
+    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+class ToolDoors:
+    def __init__(self, *, caller: Caller, limiter, fallback=None,
+                 breakers: CircuitBreakers, usage: UsageQueue | None,
+                 authenticate_agent: Callable[[str], Awaitable[int | None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.caller = caller
+        self.limiter = limiter
+        self.fallback = fallback
+        self.breakers = breakers
+        self.usage = usage
+        self._authenticate_agent = authenticate_agent
+        self._clock = clock
+        self._tokens: dict[str, tuple[int | None, float]] = {}
+
+    # ---- who calls -------------------------------------------------------------------
+
+    async def caller_of(self, table: RouteTable, authorization: str | None) -> ToolCaller:
+        token = (authorization or "").partition(" ")[2].strip()
+        if token.startswith(AGENT_TOKEN_MARK):
+            agent_pk = await self._agent_of(token)
+            agent = table.agents.get(agent_pk) if agent_pk is not None else None
+            tenant = table.tenants.get(agent.owner_tenant_pk) if agent is not None else None
+            if agent is None or tenant is None or not tenant.is_active:
+                raise ReachError("unauthorized", "Agent token is not known, revoked, or its "
+                                 "tenant is disabled.")
+            return ToolCaller(tenant_pk=agent.owner_tenant_pk, agent_pk=agent.pk)
+        key = authenticate(table, authorization)
+        return ToolCaller(tenant_pk=key.tenant_pk)
+
+    async def _agent_of(self, token: str) -> int | None:
+        """An agent token's agent, asked of the control plane's database once a minute at
+        most per token (the route table does not carry agent tokens)."""
+        now = self._clock()
+        known = self._tokens.get(token)
+        if known is not None and known[1] > now:
+            return known[0]
+        if self._authenticate_agent is None:
+            return None
+        agent_pk = await self._authenticate_agent(token)
+        if len(self._tokens) > 10_000:
+            self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}
+        # A refusal is remembered briefly: a new token must work within seconds.
+        self._tokens[token] = (agent_pk, now + (AGENT_TOKEN_TTL_S if agent_pk else 5.0))
+        return agent_pk
+
+    @staticmethod
+    def permitted(table: RouteTable, who: ToolCaller) -> list[ToolEntry]:
+        return sorted((t for t in table.tools.values()
+                       if t.callable_by(who.tenant_pk, who.agent_pk)), key=lambda t: t.name)
+
+    @staticmethod
+    def tool(table: RouteTable, who: ToolCaller, name: str) -> ToolEntry:
+        tool = table.tools_by_name.get(name)
+        if tool is None or not tool.callable_by(who.tenant_pk, who.agent_pk):
+            raise ReachError("not_found", f"No tool named {name[:100]!r} that you may call.")
+        return tool
+
+    # ---- a call ----------------------------------------------------------------------
+
+    async def call(self, table: RouteTable, who: ToolCaller, tool: ToolEntry, arguments,
+                   *, request_id: str, deadline_ms: int | None = None) -> dict:
+        """Run one call; returns the reply body. Raises ``ReachError``. Exactly one usage
+        event (the audit record) whatever happens once the tool is known."""
+        started = self._clock()
+        outcome, status = "internal_error", None
+        try:
+            result = await self._call(who, tool, arguments, deadline_ms)
+            outcome, status = "success", result["status"]
+            return {"request_id": request_id, "tool": tool.name, **result}
+        except ReachError as error:
+            outcome = error.code
+            raise
+        except asyncio.CancelledError:
+            outcome = "client_cancelled"
+            raise
+        finally:
+            self._audit(who, tool, arguments, request_id, outcome, status, started)
+
+    async def _call(self, who: ToolCaller, tool: ToolEntry, arguments,
+                    deadline_ms: int | None) -> dict:
+        if not isinstance(arguments, dict):
+            raise ReachError("invalid_input", "'arguments' must be a JSON object.",
+                             details={"arguments": ["must be an object"]})
+        problems = self.caller.validators.errors(tool.input_schema, arguments)
+        if problems:
+            message = "; ".join(f"{p}: {' '.join(m)}" for p, m in problems.items())
+            raise ReachError("invalid_input", "arguments do not match the tool's "
+                             f"input_schema: {message}", details=problems)
+        await self._admit(who, tool)
+        if not self.breakers.allow(tool.pk):
+            raise ReachError("circuit_open", f"The tool {tool.name!r} is failing; its breaker "
+                             "is open. Retry later.", retry_after=5)
+        budget_ms = min(tool.timeout_ms, deadline_ms) if deadline_ms else tool.timeout_ms
+        deadline = self._clock() + budget_ms / 1000
+        url, query, body = request_parts(tool, arguments)
+        headers = {"accept": "application/json"}
+        if body is not None:
+            headers["content-type"] = "application/json"
+        ssl_context = self._authenticate_upstream(tool, headers, query)
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise ReachError("upstream_timeout", f"The tool did not answer within "
+                                 f"{budget_ms} ms.")
+            try:
+                status, result = await self._send(tool, url, query, headers, body,
+                                                  ssl_context, remaining)
+            except _Retryable as failure:
+                self.breakers.record(tool.pk, ok=False)
+                if attempts == 1 and (not failure.delivered or tool.method in _IDEMPOTENT):
+                    continue  # the one safe retry
+                raise ReachError(failure.code, failure.message) from None
+            if status >= 500:
+                self.breakers.record(tool.pk, ok=False)
+                if attempts == 1 and tool.method in _IDEMPOTENT and status in (502, 503, 504):
+                    continue
+                raise ReachError("upstream_error", f"The tool's service answered HTTP {status}.",
+                                 details={"status": status})
+            self.breakers.record(tool.pk, ok=True)
+            return {"ok": status < 400, "status": status, "result": result,
+                    "attempts": attempts}
+
+    async def _admit(self, who: ToolCaller, tool: ToolEntry) -> None:
+        limits = []
+        if tool.calls_per_minute:
+            limits.append(_per_minute(f"tool:{tool.pk}", tool.calls_per_minute))
+        if tool.caller_calls_per_minute:
+            limits.append(_per_minute(f"tool:{tool.pk}:{who.label}",
+                                      tool.caller_calls_per_minute))
+        if not limits:
+            return
+        verdict = await self.limiter.check(limits)
+        if verdict.degraded and self.fallback is not None:
+            verdict = await self.fallback.check(limits)
+        if not verdict.allowed:
+            which = "its total" if verdict.limit_key == f"tool:{tool.pk}" else "your"
+            raise ReachError("rate_limited", f"The tool {tool.name!r} reached {which} quota; "
+                             f"retry after {verdict.retry_after_s:g} s.",
+                             retry_after=max(1, math.ceil(verdict.retry_after_s)))
+
+    def _authenticate_upstream(self, tool: ToolEntry, headers: dict, query: dict):
+        """The tool's credential, applied here and nowhere else."""
+        if tool.auth_kind == "none":
+            return None
+        credentials = self.caller.credentials
+        if tool.auth_kind == "mtls":
+            return credentials.client_ssl(tool.client_cert_path, tool.client_key_path,
+                                          tool.value_env, tool.ca_file)
+        secret = credentials.secret(tool)
+        if not secret:
+            raise ReachError("service_unavailable", f"The tool {tool.name!r} has no secret "
+                             "configured in this gateway.")
+        if tool.auth_kind == "bearer":
+            headers["authorization"] = f"Bearer {secret}"
+        elif tool.auth_kind == "header":
+            headers[tool.auth_field_name.lower()] = secret
+        elif tool.auth_kind == "query":
+            query[tool.auth_field_name] = secret
+        return None
+
+    async def _send(self, tool: ToolEntry, url: str, query: dict, headers: dict,
+                    body: bytes | None, ssl_context, remaining_s: float):
+        pools = self.caller.pools
+        session = pools.session(-tool.pk, POOL_CONNECTIONS, 90)
+        try:
+            slot = await pools.slot(-tool.pk, POOL_CONNECTIONS, min(1.0, remaining_s))
+        except TimeoutError:
+            raise ReachError("upstream_busy", f"All connections to the tool {tool.name!r} are "
+                             "busy; retry shortly.", retry_after=1) from None
+        try:
+            timeout = aiohttp.ClientTimeout(total=remaining_s,
+                                            sock_connect=min(3.0, remaining_s))
+            async with session.request(tool.method, url, params=query or None, data=body,
+                                       headers=headers, timeout=timeout,
+                                       allow_redirects=False,
+                                       ssl=ssl_context if ssl_context is not None else True
+                                       ) as response:
+                raw = await response.content.read(RESULT_MAX_BYTES + 1)
+                if len(raw) > RESULT_MAX_BYTES:
+                    raise ReachError("upstream_bad_response", "The tool's answer is larger "
+                                     f"than {RESULT_MAX_BYTES} bytes.")
+                return response.status, _result(response.content_type, raw)
+        except aiohttp.ClientConnectorError as exc:
+            raise _Retryable("upstream_error", f"cannot connect to the tool's service "
+                             f"({exc.os_error})", delivered=False) from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise _Retryable("upstream_timeout", "the tool's service did not answer in time",
+                             delivered=True) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _Retryable("upstream_error", f"calling the tool failed "
+                             f"({type(exc).__name__})", delivered=True) from exc
+        finally:
+            slot.release()
+
+    def _audit(self, who: ToolCaller, tool: ToolEntry, arguments, request_id: str,
+               outcome: str, status: int | None, started: float) -> None:
+        seconds = self._clock() - started
+        TOOL_CALLS.labels(tool.name, outcome).inc()
+        TOOL_CALL_DURATION.labels(tool.name).observe(seconds)
+        if self.usage is None:
+            return
+        self.usage.emit({
+            "event_id": requestid.new_request_id(), "request_id": request_id,
+            "tenant": who.tenant_pk, "agent": None, "capability": None, "instance": None,
+            "tool": tool.pk, "caller_agent": who.agent_pk,
+            "argument_digest": digest(arguments) if isinstance(arguments, dict) else "",
+            "upstream_status": status, "outcome": outcome, "input_tokens": 0,
+            "output_tokens": 0, "cost": 0.0, "latency_ms": int(seconds * 1000),
+            "occurred_at": time.time(),
+        })
+
+
+class _Retryable(Exception):
+    def __init__(self, code: str, message: str, *, delivered: bool) -> None:
+        super().__init__(message)
+        self.code, self.message, self.delivered = code, message, delivered
+
+
+def _per_minute(key: str, per_minute: int) -> Limit:
+    # A minute's quota as a bucket of one second's worth, refilled continuously: no burst
+    # of a whole minute at once towards the external system.
+    rate = per_minute / 60
+    return Limit(key=key, rate_per_s=rate, burst=max(1, math.ceil(rate)))
+
+
+def request_parts(tool: ToolEntry, arguments: dict) -> tuple[str, dict, bytes | None]:
+    """The upstream URL (``{name}`` placeholders filled, percent-encoded), the query and
+    the JSON body from the arguments. Raises ``invalid_input`` for a missing path one."""
+    used = set()
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in arguments:
+            raise ReachError("invalid_input", f"The argument {name!r} is required (it is part "
+                             "of the tool's URL).", details={name: ["is required"]})
+        used.add(name)
+        return quote(_text(arguments[name]), safe="")
+
+    url = _PLACEHOLDER.sub(fill, tool.url_template)
+    rest = {k: v for k, v in arguments.items() if k not in used}
+    query = {k: _text(rest.pop(k)) for k in tool.query_arguments if k in rest}
+    body = None
+    if tool.method in _BODY_METHODS:
+        body = orjson.dumps(rest)
+    else:
+        query.update({k: _text(v) for k, v in rest.items()})
+    return url, query, body
+
+
+def _text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return orjson.dumps(value).decode()
+
+
+def _result(content_type: str, raw: bytes):
+    if content_type == "application/json" or content_type.endswith("+json"):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return raw.decode("utf-8", errors="replace")
+
+
+# ---- offered to models ---------------------------------------------------------------
+
+
+def manual(tool: ToolEntry) -> str:
+    """The tool's description as a model reads it: what, when, when not, an example."""
+    parts = [tool.description.strip()]
+    if tool.when_to_use:
+        parts.append(f"Use it when: {tool.when_to_use.strip()}")
+    if tool.when_not_to_use:
+        parts.append(f"Do not use it when: {tool.when_not_to_use.strip()}")
+    if tool.output_description:
+        parts.append(f"It returns: {tool.output_description.strip()}")
+    for example in tool.examples[:1]:
+        if isinstance(example, dict | type(tool.input_schema)) and "arguments" in example:
+            use = f" ({example['use']})" if example.get("use") else ""
+            arguments = orjson.dumps(_plain(example["arguments"])).decode()
+            parts.append(f"Example{use}: {arguments}")
+    return "\n".join(p for p in parts if p)
+
+
+def parameters(tool: ToolEntry) -> dict:
+    schema = _plain(tool.input_schema) or {}
+    return {"type": "object", "properties": {}, **schema}
+
+
+def _plain(value):
+    if hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def listing(tools: list[ToolEntry], fmt: str | None) -> dict:
+    if fmt == "openai":
+        return {"tools": [{"type": "function", "function": {
+            "name": t.name, "description": manual(t), "parameters": parameters(t)}}
+            for t in tools]}
+    return {"tools": [{
+        "name": t.name, "display_name": t.display_name or t.name,
+        "description": t.description, "when_to_use": t.when_to_use,
+        "when_not_to_use": t.when_not_to_use, "input_schema": parameters(t),
+        "output_description": t.output_description, "examples": _plain(t.examples),
+        "timeout_ms": t.timeout_ms} for t in tools]}

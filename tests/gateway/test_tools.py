@@ -1,0 +1,254 @@
+"""The tool gateway through a real gateway process: the external service (a loopback
+HTTP server) receives the gateway's credential, never the caller's; the tool's quota
+holds across callers; a failing service opens the tool's breaker; every call leaves one
+audit row without argument values; the OpenAI export; secrets never leak."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from django.conf import settings
+
+from registry.models import Agent
+from tests.support.waiting import wait_for
+from tools.models import Tool, ToolGrant
+from tools.services import tool_save
+
+pytestmark = pytest.mark.skipif(
+    not (settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.REDIS_URL),
+    reason="audit rows come through the Redis stream (.ci/run sets PostgreSQL and Redis)",
+)
+
+SECRET = "inventory-secret-" + uuid.uuid4().hex  # the external system's, held by the gateway
+
+
+class Inventory:
+    """A stand-in external API: GET /stock/<sku> answers when the gateway's key is sent;
+    ``failing`` makes it answer 500."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+        self.failing = False
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.seen.append({"path": self.path, "headers": {
+                    k.lower(): v for k, v in self.headers.items()}})
+                if outer.failing:
+                    return self._answer(500, {"error": "down"})
+                if self.headers.get("X-Api-Key") != SECRET:
+                    return self._answer(401, {"error": "bad key"})
+                sku = self.path.split("/stock/")[1].split("?")[0]
+                return self._answer(200, {"sku": sku, "in_stock": 7})
+
+            def _answer(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def inventory():
+    found = Inventory()
+    yield found
+    found.close()
+
+
+def stock_tool(tenant, url: str, **kw) -> Tool:
+    return tool_save(tool=Tool(
+        owner_tenant=tenant, name=kw.pop("name", "stock-lookup"),
+        description="Current stock of one article.",
+        when_to_use="Someone asks whether an article is available.",
+        when_not_to_use="Prices or delivery dates.",
+        input_schema={"type": "object", "required": ["sku"], "additionalProperties": False,
+                      "properties": {"sku": {"type": "string", "pattern": "^[A-Z]-[0-9]+$"}}},
+        examples=[{"arguments": {"sku": "A-100"}, "use": "stock of article A-100"}],
+        url_template=url + "/stock/{sku}", method="GET", auth_kind="header",
+        auth_field_name="X-Api-Key", **kw), secret=SECRET)
+
+
+def agent_token(gateway, name: str) -> str:
+    from registry.tokens import agent_token_issue
+
+    return agent_token_issue(agent=Agent.objects.get(name=name))
+
+
+def tool_call(base: str, token: str, arguments: dict, name: str = "stock-lookup", **headers):
+    return httpx.post(f"{base}/v1/tools/{name}/call", json={"arguments": arguments},
+                      headers={"Authorization": f"Bearer {token}", **headers}, timeout=10)
+
+
+def wait_for_tool(base: str, token: str, name: str = "stock-lookup") -> None:
+    wait_for(lambda: any(t["name"] == name for t in httpx.get(
+        f"{base}/v1/tools", headers={"Authorization": f"Bearer {token}"},
+        timeout=5).json().get("tools", [])), timeout=15, interval=0.05,
+        message=f"the gateway to know {name}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_calls_a_tool_with_the_gateways_credential_and_is_audited(
+        gateway, inventory):
+    tool = stock_tool(gateway.tenant, inventory.url)
+    token = agent_token(gateway, "scripted")
+    wait_for_tool(gateway.base, token)
+    reply = tool_call(gateway.base, token, {"sku": "A-100"},
+                      **{"Authorization": f"Bearer {token}", "X-Api-Key": "agent-made-up"})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["ok"] and body["result"] == {"sku": "A-100", "in_stock": 7}
+    # The service got the gateway's key, and nothing of the caller's credentials.
+    seen = inventory.seen[-1]["headers"]
+    assert seen["x-api-key"] == SECRET
+    assert token not in json.dumps(inventory.seen) and "agent-made-up" not in json.dumps(
+        inventory.seen)
+    # Invalid arguments: 400 with the path, and nothing sent.
+    sent = len(inventory.seen)
+    bad = tool_call(gateway.base, token, {"sku": "lowercase"})
+    assert bad.status_code == 400 and "sku" in bad.json()["error"]["details"]
+    assert len(inventory.seen) == sent
+    # The tenant's key may call it too; another tenant's may not even see it.
+    assert tool_call(gateway.base, gateway.key, {"sku": "B-2"}).status_code == 200
+
+    # One audit row per call (the usage event), the arguments' digest and no values.
+    from metering.ingest import usage_stream_consume
+    from metering.models import UsageEvent
+    import redis as redis_sync
+
+    rows = UsageEvent.objects.filter(tool=tool)
+    client = redis_sync.Redis.from_url(settings.REDIS_URL)
+    try:
+        wait_for(lambda: (usage_stream_consume(client=client, consumer="tools-test",
+                                               block_ms=100, max_batches=10),
+                          rows.count() >= 3)[1], timeout=30, interval=0.1,
+                 message="three audit rows")
+    finally:
+        client.close()
+    assert rows.count() == 3
+    outcomes = sorted(rows.values_list("outcome", flat=True))
+    assert outcomes == ["invalid_input", "success", "success"]
+    by_agent = rows.filter(caller_agent__name="scripted")
+    assert by_agent.count() == 2 and rows.filter(caller_agent__isnull=True).count() == 1
+    for row in rows:
+        assert len(row.argument_digest) == 64
+        stored = json.dumps({f.name: str(getattr(row, f.name)) for f in row._meta.fields})
+        assert "A-100" not in stored and "B-2" not in stored and SECRET not in stored
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.gateway_env(REACH_BREAKER_MIN_VOLUME="3", REACH_BREAKER_FAILURE_RATIO="0.5",
+                         REACH_BREAKER_COOLDOWN_S="1")
+def test_a_failing_service_opens_the_tools_breaker_and_calls_fail_fast(gateway, inventory):
+    stock_tool(gateway.tenant, inventory.url)
+    token = agent_token(gateway, "scripted")
+    wait_for_tool(gateway.base, token)
+    inventory.failing = True
+    codes = [tool_call(gateway.base, token, {"sku": "A-1"}).json()["error"]["code"]
+             for _ in range(3)]
+    assert codes == ["upstream_error"] * 3
+    sent = len(inventory.seen)
+    started = time.monotonic()
+    refused = tool_call(gateway.base, token, {"sku": "A-1"})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "circuit_open"
+    assert refused.headers["retry-after"] and time.monotonic() - started < 1
+    assert len(inventory.seen) == sent  # fast: the service was not asked
+    inventory.failing = False
+
+    def recovered() -> bool:
+        return tool_call(gateway.base, token, {"sku": "A-1"}).status_code == 200
+
+    wait_for(recovered, timeout=15, interval=0.2, message="the breaker to close again")
+    # The agent's own routing is untouched by its tool's failures.
+    with gateway.client() as client:
+        route = client.get("/v1/route", params={"capability": "echo.all"}).json()
+    assert route["chosen"] is not None or route["candidates"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_three_agents_share_the_tools_quota_and_each_has_its_own(gateway, inventory):
+    # 600 a minute in total (10/s), 240 a minute per caller (4/s).
+    stock_tool(gateway.tenant, inventory.url, calls_per_minute=600,
+               caller_calls_per_minute=240)
+    from tests import factories
+
+    factories.agent(owner=gateway.tenant, name="third-caller")
+    tokens = [agent_token(gateway, n) for n in ("scripted", "scripted-chat", "third-caller")]
+    wait_for_tool(gateway.base, tokens[0])
+    seconds = 4.0
+    admitted: dict[int, int] = {0: 0, 1: 0, 2: 0}
+    lock = threading.Lock()
+
+    def hammer(index: int) -> None:
+        with httpx.Client(base_url=gateway.base, timeout=10, headers={
+                "Authorization": f"Bearer {tokens[index]}"}) as client:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                reply = client.post("/v1/tools/stock-lookup/call",
+                                    json={"arguments": {"sku": "A-1"}})
+                if reply.status_code == 200:
+                    with lock:
+                        admitted[index] += 1
+                else:
+                    assert reply.json()["error"]["code"] == "rate_limited"
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(hammer, [0, 0, 1, 1, 2, 2]))
+    elapsed = time.monotonic() - started
+    # Each caller: its bucket (4 tokens) plus 4/s; all three: the tool's 10 plus 10/s,
+    # less than the three callers' 3 x (4 + 4/s) could take.
+    per_caller_cap = 4 + 4 * elapsed
+    for count in admitted.values():
+        assert count <= per_caller_cap * 1.05
+    total_cap = 10 + 10 * elapsed
+    assert sum(admitted.values()) <= total_cap * 1.05
+    assert sum(admitted.values()) >= (10 + 10 * seconds) * 0.95
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_export_and_who_may_see_a_tool(gateway, inventory):
+    from tests import factories
+
+    stock_tool(gateway.tenant, inventory.url)
+    hidden = stock_tool(factories.tenant(), inventory.url, name="someone-elses")
+    token = agent_token(gateway, "scripted")
+    wait_for_tool(gateway.base, token)
+    listed = httpx.get(f"{gateway.base}/v1/tools", params={"format": "openai"},
+                       headers={"Authorization": f"Bearer {token}"}).json()["tools"]
+    assert [t["function"]["name"] for t in listed] == ["stock-lookup"]
+    function = listed[0]["function"]
+    assert listed[0]["type"] == "function"
+    assert "Use it when" in function["description"] and "A-100" in function["description"]
+    assert function["parameters"]["type"] == "object"
+    assert function["parameters"]["required"] == ["sku"]
+    assert tool_call(gateway.base, token, {"sku": "A-1"}, name="someone-elses")\
+        .status_code == 404
+    # A grant to the agent lets it call the other tenant's tool.
+    ToolGrant.objects.create(tool=hidden, agent=Agent.objects.get(name="scripted"))
+    wait_for_tool(gateway.base, token, name="someone-elses")
+    assert tool_call(gateway.base, token, {"sku": "A-1"}, name="someone-elses")\
+        .status_code == 200
+    everything = json.dumps(listed) + httpx.get(
+        f"{gateway.base}/v1/tools", headers={"Authorization": f"Bearer {token}"}).text
+    assert SECRET not in everything
