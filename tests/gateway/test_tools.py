@@ -132,9 +132,10 @@ def test_an_agent_calls_a_tool_with_the_gateways_credential_and_is_audited(
     assert tool_call(gateway.base, gateway.key, {"sku": "B-2"}).status_code == 200
 
     # One audit row per call (the usage event), the arguments' digest and no values.
+    import redis as redis_sync
+
     from metering.ingest import usage_stream_consume
     from metering.models import UsageEvent
-    import redis as redis_sync
 
     rows = UsageEvent.objects.filter(tool=tool)
     client = redis_sync.Redis.from_url(settings.REDIS_URL)
