@@ -299,10 +299,6 @@ class GatewayApp:
         shedder.in_flight += 1
         try:
             request = await self._request(request_id, scope, receive, send)
-            content_type = (request.header(b"content-type") or "").split(";")[0].strip()
-            if content_type.lower() != "application/json":
-                raise ReachError("unsupported_media_type",
-                                 "Send the request body as Content-Type: application/json.")
             internal = self._internal(scope)
             if self.route_feedback is None:
                 return await self.pipeline.run(request, lambda r: door(r, internal=internal))

@@ -62,6 +62,8 @@ class CallContext:
     # The call's moments (time.monotonic(), None until they happen): the route decided,
     # the last attempt sent and its answer's status line in, and a stream's first event
     # relayed. ``entered_at`` is the wall clock at ``started``.
+    # The capability a call was for when none of its instances could take it.
+    capability_id: str | None = None
     routed: float | None = None
     sent: float | None = None
     answered: float | None = None

@@ -47,7 +47,8 @@ def record(ctx: CallContext, outcome: str) -> None:
 def _record(ctx: CallContext, outcome: str, returned: float) -> None:
     candidate = ctx.candidate
     agent = agent_label(candidate.agent) if candidate is not None else ""
-    capability = candidate.capability.capability_id if candidate is not None else ""
+    capability = candidate.capability.capability_id if candidate is not None \
+        else ctx.capability_id or ""
     reason = reason_of(outcome)
     key = (ctx.tenant_slug, agent, capability, outcome)
     counter = _COUNTERS.get(key)

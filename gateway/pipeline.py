@@ -172,6 +172,11 @@ class Pipeline:
         tracing.call_started(ctx, f"{request.scope['method']} {request.scope['path']}",
                              request.header(b"traceparent"), request.header(b"tracestate"))
         async with self._metered(ctx) as metering:
+            # Inside the metering: a wrong body is an authenticated call that failed.
+            content_type = (request.header(b"content-type") or "").split(";")[0].strip()
+            if content_type.lower() != "application/json":
+                raise ReachError("unsupported_media_type",
+                                 "Send the request body as Content-Type: application/json.")
             request.raw = await read_body(request.scope, request.receive,
                                           self.config.max_body_bytes)
             self._read_headers(request, ctx)
@@ -299,6 +304,9 @@ class Pipeline:
                exclude: frozenset[int] = frozenset()) -> tuple[Candidate, dict]:
         """Route and validate: the candidate and the input in the agent's own names."""
         decision = self.router.route(table, call.route, exclude=exclude)
+        if decision.error in ("circuit_open", "no_healthy_instance"):
+            # Offered to the caller but unreachable now: its metrics name the capability.
+            ctx.capability_id = decision.capability
         if decision.error:
             raise ReachError(decision.error, route_message(decision, table, call.route),
                              details=suggested(decision, table, call.route))

@@ -25,6 +25,7 @@ from gateway.tasks import (
     outcome_of_state,
     retry_after,
 )
+from reach_core import requestid
 from reach_core.errors import ReachError
 from reach_core.kinds import TaskState
 from routing.table import RouteTable
@@ -41,6 +42,9 @@ class TaskRunner:
         self._table = table
 
     async def attempt(self, claim: TaskClaim) -> TaskOutcome:
+        # The attempt's log lines carry the submission's request id (each attempt runs in
+        # a task of its own, so this stays with it).
+        requestid.current.set(claim.request_id)
         table = self._table()
         tenant = table.tenants.get(claim.tenant_pk)
         if tenant is None:  # a tenant newer than this worker's table: it is on its way

@@ -11,7 +11,8 @@ HEADER = "X-Request-ID"
 
 # Callers may bring their own id for tracing; anything else is replaced so a
 # header cannot smuggle newlines or megabytes into our logs.
-_ACCEPTABLE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+# It must start with a letter or digit: "-" is what logs write for "no request".
+_ACCEPTABLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 
 current: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 

@@ -230,8 +230,8 @@ def build_application(*, governed: bool = True):
     django_application = get_asgi_application()
     if settings.SERVE_API:
         django_application = heartbeat_door(django_application)
-    django_application = chunked_bodies(django_application,
-                                        max_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    django_application = with_request_id(chunked_bodies(
+        django_application, max_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
     if not settings.SERVE_GATEWAY:
         return control_plane_only(django_application), None
     gateway = following_gateway(governed=governed)
@@ -279,6 +279,27 @@ def following_gateway(*, governed: bool = True, run_tasks: bool | None = None) -
                          router=Router(index=intents, clock=runtime.subscriber.lease_clock),
                          governed=governed, run_tasks=run_tasks,
                          ready=lambda: runtime.subscriber.serving)
+
+
+def with_request_id(application):
+    """Django's requests under their request id from the first byte to the last: the lines
+    Django writes after its middleware returned (``django.request``'s 4xx warnings) and
+    the server's access line carry it too. ``RequestIdMiddleware`` takes it from here."""
+    from reach_core import requestid
+
+    async def wrapped(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await application(scope, receive, send)
+            return
+        request_id = requestid.accept_or_new(_header(scope, b"x-request-id"))
+        scope["reach.request_id"] = request_id
+        token = requestid.current.set(request_id)
+        try:
+            await application(scope, receive, send)
+        finally:
+            requestid.current.reset(token)
+
+    return wrapped
 
 
 def heartbeat_door(django_application):

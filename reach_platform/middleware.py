@@ -23,7 +23,10 @@ class RequestIdMiddleware(HybridMiddleware):
     """Accept or generate ``X-Request-ID``, expose it as ``request.request_id``, echo it."""
 
     def _begin(self, request):
-        request.request_id = requestid.accept_or_new(request.headers.get(requestid.HEADER))
+        scope = getattr(request, "scope", None)  # ASGI: the id the server side chose
+        chosen = scope.get("reach.request_id") if scope is not None else None
+        request.request_id = chosen or requestid.accept_or_new(
+            request.headers.get(requestid.HEADER))
         return requestid.current.set(request.request_id)
 
     def __call__(self, request):

@@ -186,6 +186,9 @@ PUBLIC_URL = env.str("REACH_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "memory://")
 CELERY_TASK_ALWAYS_EAGER = False
+# Logging as the rest of the platform (settings.LOGGING, REACH_LOG_FORMAT): Celery would
+# otherwise install its own format on the root logger.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The queue workers take jobs from: one per deployment when several share a broker.
 CELERY_TASK_DEFAULT_QUEUE = env.str("REACH_CELERY_QUEUE", default="celery")
 # Worker processes run asynchronous tasks in an engine of their own (reach_platform.task_worker).

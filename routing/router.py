@@ -564,6 +564,7 @@ class Router:
         dropped: list[Dropped] = []
         kept: list[_Row] = []
         agent_reason: dict[int, tuple[str, str] | None] = {}
+        instance_reasons: set[str] = set()  # why instances of offered agents were dropped
         live = table.live
         for row in prepared.rows:
             if live and row.instance is not None and row.instance.pk in live:
@@ -584,7 +585,9 @@ class Router:
                 reason = ("tunnel_down", "no gateway holds the instance's tunnel now")
             if reason is None:
                 kept.append(row)
-            elif explain and (reason[0] not in _INVISIBLE or visible_to(
+            elif agent_reason[agent.pk] is None:
+                instance_reasons.add(reason[0])
+            if reason is not None and explain and (reason[0] not in _INVISIBLE or visible_to(
                     table, request.tenant_pk, agent, row.capability)):
                 # A dry run explains only agents the caller may see: another tenant's
                 # private agent is never named, not even as dropped.
@@ -599,7 +602,10 @@ class Router:
             # Every candidate failed a capability-level check: the capability is not
             # offered to this caller; otherwise instances exist but none is healthy.
             agent_level = all(agent_reason[r.agent.pk] is not None for r in prepared.rows)
-            error = "no_capability" if agent_level else "no_healthy_instance"
+            # Every instance left out only because its breaker is open: say so (the
+            # metrics' circuit_open reason), rather than "none healthy".
+            error = "no_capability" if agent_level else "circuit_open" \
+                if instance_reasons == {"circuit_open"} else "no_healthy_instance"
             return Decision(capability=capability_id, chosen=None, dropped=tuple(dropped),
                             matches=tuple(matches), error=error)
 

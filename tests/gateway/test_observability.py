@@ -90,11 +90,21 @@ def test_metrics_by_reason_equal_the_usage_rows_and_each_call_logs_one_line(gate
         call({"capability": "no.such.capability", "input": {}}, "no_capability")
         call({"intent": "qwxz vbnm plkj", "input": {}}, "no_capability")
         # Two failures open the instance's breaker (volume 2, half failing); the third
-        # call finds nowhere healthy to go.
+        # call is refused for it.
         for _ in range(2):
             call({"capability": "observed.fail", "input": {}}, "upstream_error")
-        reply = call({"capability": "observed.fail", "input": {}}, "no_healthy_instance")
-        assert reply.json()["error"]["code"] == "no_healthy_instance"
+        reply = call({"capability": "observed.fail", "input": {}}, "circuit_open")
+        assert reply.json()["error"]["code"] == "circuit_open"
+        # An authenticated call with the wrong body type is metered too.
+        call({"capability": "echo.all", "input": {}}, "unsupported_media_type",
+             **{"Content-Type": "text/plain"})
+
+    # The control plane: Django's own warning about a 400 carries the request's id.
+    api_rid = uuid.uuid4().hex
+    refused = httpx.post(f"{gateway.base}/api/v1/agents/register", json={"agent_id": "zz"},
+                         headers={"Authorization": f"Bearer {gateway.key}",
+                                  "X-Request-ID": api_rid}, timeout=10)
+    assert refused.status_code in (400, 403) and refused.headers["x-request-id"] == api_rid
 
     rows = store_usage(list(sent), gateway.tenant)
     assert rows == sent  # one usage row per call, with the outcome it ended with
@@ -109,13 +119,15 @@ def test_metrics_by_reason_equal_the_usage_rows_and_each_call_logs_one_line(gate
     assert reasons == {
         "success": "success", "deadline_exceeded": "timeout", "rate_limited": "limited",
         "no_capability": "route_miss", "upstream_error": "agent_error",
-        "no_healthy_instance": "no_instance",
+        "circuit_open": "circuit_open", "unsupported_media_type": "caller",
     }
 
     # The log: JSON throughout, one call line per call, its moments in order.
     # Every line, uvicorn's own included, is one JSON object.
     lines = [orjson.loads(line) for line in (tmp_path / "gw.log").read_text().splitlines()
              if line.strip()]
+    api_lines = [line for line in lines if line.get("logger") == "django.request"]
+    assert api_lines and all(line["request_id"] == api_rid for line in api_lines), api_lines
     calls = [line for line in lines if line.get("event") == "call"]
     mine = {line["request_id"]: line for line in calls if line["request_id"] in sent}
     assert len(mine) == len(sent)
