@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import doors
 from gateway.auth import authenticate
@@ -39,7 +39,16 @@ from gateway.governance import Governor
 from gateway.http_io import header, parse_json, read_body, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
 from gateway.limits import InProcessLimiter
-from gateway.metrics import BREAKERS, CALLS, LATENCY, REGISTRY, SHED, TABLE_VERSION
+from gateway.metrics import (
+    BREAKERS,
+    CALLS,
+    LATENCY,
+    MULTIPROCESS,
+    SHED,
+    TABLE_VERSION,
+    USAGE_BACKLOG,
+    exposition,
+)
 from gateway.pipeline import Pipeline, Request
 from gateway.route_feedback import MAX_BODY_BYTES as FEEDBACK_MAX_BODY_BYTES
 from gateway.route_feedback import FeedbackRecorder
@@ -156,6 +165,9 @@ class GatewayApp:
         if config.max_loop_lag_ms > 0:
             self._jobs = (*self._jobs, self.shedder.watch)
         self.auth_failures = AuthFailures(config.max_auth_failures_per_minute)
+        self._breakers_shown: set[int] = set()
+        if MULTIPROCESS:
+            self._jobs = (*self._jobs, self._refresh_gauges_forever)
         # The router skips instances whose breaker is open: this gateway's breakers feed it.
         router.set_open_breakers(breakers.open_instances)
 
@@ -489,13 +501,33 @@ class GatewayApp:
                             [(b"retry-after", b"2")])
 
     async def _metrics(self, request_id, scope, receive, send) -> str:
-        TABLE_VERSION.set(self._table().version)
-        BREAKERS.clear()
-        for pk, state in self.breakers.states().items():
-            BREAKERS.labels(str(pk)).set(1.0 if state == BreakerState.OPEN else 0.5)
-        await send_bytes(send, 200, generate_latest(REGISTRY), request_id,
+        self.refresh_gauges()
+        await send_bytes(send, 200, exposition(), request_id,
                          content_type=CONTENT_TYPE_LATEST.encode())
         return Outcome.SUCCESS
+
+    def refresh_gauges(self) -> None:
+        """This process's table version, open breakers and usage backlog, as gauges: at a
+        scrape, and (several workers sharing their figures) every few seconds, since a
+        scrape reaches one worker only."""
+        TABLE_VERSION.set(self._table().version)
+        states = self.breakers.states()
+        if MULTIPROCESS:
+            # A worker's figures outlive a clear(): closed ones are set back to 0.
+            for pk in self._breakers_shown - states.keys():
+                BREAKERS.labels(str(pk)).set(0.0)
+            self._breakers_shown = set(states)
+            if self.usage is not None:
+                USAGE_BACKLOG.set(len(self.usage))
+        else:
+            BREAKERS.clear()
+        for pk, state in states.items():
+            BREAKERS.labels(str(pk)).set(1.0 if state == BreakerState.OPEN else 0.5)
+
+    async def _refresh_gauges_forever(self, every_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.refresh_gauges()
 
 
 class LoadShedder:

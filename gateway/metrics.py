@@ -1,10 +1,30 @@
-"""Prometheus metrics of the data plane, served at ``/metrics``."""
+"""Prometheus metrics of the data plane, served at ``/metrics``.
+
+Several worker processes behind one port (``uvicorn --workers N``) share their figures
+through ``PROMETHEUS_MULTIPROC_DIR`` (an empty directory per start of the server, set
+before it starts): a scrape that reaches any worker then sums them all. Without it each
+process answers its own.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 REGISTRY = CollectorRegistry()
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def exposition() -> bytes:
+    """The text a scrape gets: this process's figures, or every worker's."""
+    if not MULTIPROCESS:
+        return generate_latest(REGISTRY)
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry)
 
 CALLS = Counter(
     "reach_calls", "Calls through the gateway, by outcome.", ["endpoint", "outcome"],
@@ -28,10 +48,10 @@ BAD_RESPONSES = Counter(
 )
 BREAKERS = Gauge(
     "reach_breaker_open", "Instances whose circuit breaker is not closed (1 open, 0.5 half "
-    "open).", ["instance"], registry=REGISTRY,
+    "open).", ["instance"], registry=REGISTRY, multiprocess_mode="max",
 )
-TABLE_VERSION = Gauge("reach_route_table_version", "Route table version served.",
-                      registry=REGISTRY)
+TABLE_VERSION = Gauge("reach_route_table_version", "Route table version served (the "
+                      "lowest of the workers').", registry=REGISTRY, multiprocess_mode="min")
 USAGE_DROPPED = Counter("reach_usage_events_dropped",
                         "Usage events dropped because the hand-off queue was full.",
                         registry=REGISTRY)
@@ -93,7 +113,8 @@ ROUTE_PROPAGATION = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
 )
 USAGE_BACKLOG = Gauge("reach_usage_backlog", "Usage events waiting in this gateway to be "
-                      "shipped to the metering pipeline.", registry=REGISTRY)
+                      "shipped to the metering pipeline.", registry=REGISTRY,
+                      multiprocess_mode="livesum")
 INSTANCE_TRANSITIONS = Counter(
     "reach_instance_transitions", "Instance state changes this gateway applied (every "
     "gateway sees each one: aggregate with max, not sum). unknown -> healthy is a "

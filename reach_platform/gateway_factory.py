@@ -31,6 +31,7 @@ from gateway.limits import InProcessLimiter, LeasingLimiter, RedisLimiter
 from gateway.metrics import (
     BREAKER_TRIPS,
     LIMITS_DEGRADED,
+    MULTIPROCESS,
     ROUTE_FEEDBACK_DROPPED,
     ROUTE_PROPAGATION,
     USAGE_BACKLOG,
@@ -94,8 +95,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
 
     tracing.configure_from_environment()
     usage = UsageQueue() if governed else None
-    if usage is not None:
-        USAGE_BACKLOG.set_function(usage.__len__)
+    if usage is not None and not MULTIPROCESS:
+        USAGE_BACKLOG.set_function(usage.__len__)  # else each worker sets it (refresh_gauges)
     # Smaller than usage's: an event holds up to 1,000 characters of intent.
     route_feedback = FeedbackRecorder(UsageQueue(10_000, on_drop=ROUTE_FEEDBACK_DROPPED.inc))
     if run_tasks is None:
