@@ -39,6 +39,8 @@ from gateway.governance import Governor
 from gateway.http_io import header, parse_json, read_body, send_bytes, send_error, send_json
 from gateway.idempotency import MemoryStore
 from gateway.limits import InProcessLimiter
+from gateway.mcp import PROTOCOL_VERSIONS as MCP_VERSIONS
+from gateway.mcp import McpServer
 from gateway.metrics import (
     BREAKERS,
     CALLS,
@@ -88,6 +90,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("HEAD", "/metrics"): Route("metrics", "_metrics"),
     ("GET", "/v1/tasks"): Route("tasks", "_task_list"),
     ("GET", "/v1/tools"): Route("tools", "_tool_list"),
+    ("POST", "/mcp"): Route("mcp", "_mcp"),
 }
 TOOL_CALL = Route("tool_call", "_tool_call")  # POST /v1/tools/<name>/call
 _PATHS = {path for _, path in ROUTES}
@@ -143,6 +146,7 @@ class GatewayApp:
             limiter=governor.limiter if governor is not None else InProcessLimiter(),
             fallback=governor.fallback if governor is not None else None,
             breakers=tool_breakers or CircuitBreakers(), authenticate_agent=authenticate_agent)
+        self.mcp = McpServer(tools=self.tools, pipeline=self.pipeline)
         jobs = [*background, self.caller.pools.close_idle_forever]
         if tunnels is not None:
             jobs.append(tunnels.follow)
@@ -442,6 +446,25 @@ class GatewayApp:
         finally:
             shedder.in_flight -= 1
         await send_json(send, 200, reply, request_id)
+        return Outcome.SUCCESS
+
+    async def _mcp(self, request_id, scope, receive, send) -> str:
+        """The MCP server (``gateway.mcp``): one JSON-RPC message per POST."""
+        table, who = await self._tool_caller(scope)
+        version = header(scope, b"mcp-protocol-version")
+        if version is not None and version not in MCP_VERSIONS:
+            raise ReachError("bad_request", f"MCP-Protocol-Version {version[:40]!r} is not "
+                             f"served; this server speaks {', '.join(MCP_VERSIONS)}.")
+        content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
+        if content_type.lower() != "application/json":
+            raise ReachError("unsupported_media_type",
+                             "Send the JSON-RPC message as Content-Type: application/json.")
+        raw = await read_body(scope, receive, self.config.max_body_bytes)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        with_agents = query.get("agents", ["false"])[-1].lower() in ("1", "true", "yes")
+        status, body = await self.mcp.answer(table, who, raw, with_agents=with_agents,
+                                             request_id=request_id)
+        await send_bytes(send, status, body or b"", request_id)
         return Outcome.SUCCESS
 
     async def _task_doors(self, request_id, scope, receive, send) -> tuple[TaskDoors, int]:

@@ -48,6 +48,10 @@ from routing.table import RouteTable
 logger = logging.getLogger(__name__)
 
 
+# Besides /v1/: the gateway's other doors.
+GATEWAY_PATHS = frozenset({"/metrics", "/mcp"})
+
+
 def gateway_config() -> GatewayConfig:
     return GatewayConfig(
         policy=endpoint_policy(),
@@ -244,7 +248,7 @@ def build_application(*, governed: bool = True):
         # A prefix test rather than Channels' URLRouter: this runs for every gateway
         # call, and URL resolution plus a scope copy cost more than the test does.
         path = scope["path"]
-        if path.startswith("/v1/") or path == "/metrics":
+        if path.startswith("/v1/") or path in GATEWAY_PATHS:
             await gateway(scope, receive, send)
         else:
             await django_application(scope, receive, send)
@@ -366,7 +370,7 @@ def control_plane_only(django_application):
 
     async def http_application(scope, receive, send) -> None:
         path = scope["path"]
-        if path.startswith("/v1/") or path == "/metrics":
+        if path.startswith("/v1/") or path in GATEWAY_PATHS:
             await elsewhere(scope, receive, send)
         else:
             await django_application(scope, receive, send)

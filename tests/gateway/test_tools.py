@@ -238,6 +238,18 @@ def test_the_openai_export_and_who_may_see_a_tool(gateway, inventory):
     listed = httpx.get(f"{gateway.base}/v1/tools", params={"format": "openai"},
                        headers={"Authorization": f"Bearer {token}"}).json()["tools"]
     assert [t["function"]["name"] for t in listed] == ["stock-lookup"]
+    # Valid as the OpenAI SDK types a chat request's tools, with a name OpenAI accepts and
+    # parameters that are a JSON Schema.
+    import re
+
+    import pydantic
+    from jsonschema import Draft202012Validator
+    from openai.types.chat import ChatCompletionToolParam
+
+    pydantic.TypeAdapter(list[ChatCompletionToolParam]).validate_python(listed)
+    for tool in listed:
+        assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", tool["function"]["name"])
+        Draft202012Validator.check_schema(tool["function"]["parameters"])
     function = listed[0]["function"]
     assert listed[0]["type"] == "function"
     assert "Use it when" in function["description"] and "A-100" in function["description"]
@@ -253,3 +265,51 @@ def test_the_openai_export_and_who_may_see_a_tool(gateway, inventory):
     everything = json.dumps(listed) + httpx.get(
         f"{gateway.base}/v1/tools", headers={"Authorization": f"Bearer {token}"}).text
     assert SECRET not in everything
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_official_mcp_client_lists_and_calls_tools_and_agents(gateway, inventory):
+    """The mcp SDK's Streamable HTTP client, against the gateway's /mcp with the agent's
+    token: the tool, and (with ?agents=true) a capability of an agent, both called."""
+    import asyncio
+
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    stock_tool(gateway.tenant, inventory.url)
+    token = agent_token(gateway, "scripted")
+    wait_for_tool(gateway.base, token)
+
+    async def session_run(url: str, steps):
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) \
+                as http, streamable_http_client(url, http_client=http) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            return await steps(session)
+
+    async def tools_only(session):
+        listed = await session.list_tools()
+        called = await session.call_tool("stock-lookup", {"sku": "C-3"})
+        refused = await session.call_tool("stock-lookup", {"sku": "nope"})
+        return listed, called, refused
+
+    listed, called, refused = asyncio.run(session_run(f"{gateway.base}/mcp", tools_only))
+    assert [t.name for t in listed.tools] == ["stock-lookup"]
+    assert "Use it when" in listed.tools[0].description
+    assert listed.tools[0].input_schema["required"] == ["sku"]
+    assert not called.is_error
+    assert json.loads(called.content[0].text) == {"sku": "C-3", "in_stock": 7}
+    assert refused.is_error and "invalid_input" in refused.content[0].text
+    assert inventory.seen[-1]["headers"]["x-api-key"] == SECRET
+
+    async def with_agents(session):
+        listed = await session.list_tools()
+        called = await session.call_tool("agent__echo_all", {"text": "via mcp"})
+        return listed, called
+
+    listed, called = asyncio.run(session_run(f"{gateway.base}/mcp?agents=true", with_agents))
+    names = {t.name for t in listed.tools}
+    assert {"stock-lookup", "agent__echo_all"} <= names
+    assert not called.is_error, called.content
+    assert "via mcp" in called.content[0].text
