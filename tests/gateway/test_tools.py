@@ -313,3 +313,65 @@ def test_the_official_mcp_client_lists_and_calls_tools_and_agents(gateway, inven
     assert {"stock-lookup", "agent__echo_all"} <= names
     assert not called.is_error, called.content
     assert "via mcp" in called.content[0].text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tools_secret_appears_in_no_response_page_log_or_error(
+        gateway, inventory, tmp_path, client, caplog):
+    """Registered through the API, used by the gateway, then looked for everywhere."""
+    import logging
+
+    from django.contrib.auth import get_user_model
+    from django.urls import reverse
+
+    from audit.models import AuditEntry
+    from tests import factories
+    from tests.conftest import key_client
+
+    caplog.set_level(logging.DEBUG)
+    manage = key_client(factories.api_key(tenant=gateway.tenant).plaintext)
+    created = manage.post("/api/v1/tools/", {
+        "name": "stock-lookup", "description": "Current stock of one article.",
+        "input_schema": {"type": "object", "required": ["sku"],
+                         "properties": {"sku": {"type": "string"}}},
+        "url_template": inventory.url + "/stock/{sku}", "method": "GET",
+        "auth_kind": "header", "auth_field_name": "X-Api-Key", "secret": SECRET},
+        format="json")
+    assert created.status_code == 201, created.content
+    tool = Tool.objects.get(name="stock-lookup")
+    ciphertext = bytes(tool.secret_ciphertext).decode()
+    token = agent_token(gateway, "scripted")
+    wait_for_tool(gateway.base, token)
+
+    seen: list[str] = [created.content.decode()]
+    seen.append(tool_call(gateway.base, token, {"sku": "A-1"}).text)
+    inventory.failing = True
+    seen.append(tool_call(gateway.base, token, {"sku": "A-1"}).text)  # a 502
+    seen.append(tool_call(gateway.base, token, {"sku": 5}).text)  # a 400
+    inventory.failing = False
+    seen.append(httpx.get(f"{gateway.base}/v1/tools", params={"format": "openai"},
+                          headers={"Authorization": f"Bearer {token}"}).text)
+    seen.append(httpx.post(f"{gateway.base}/mcp", json={
+        "jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={"Authorization": f"Bearer {token}"}).text)
+    for url in ("/api/v1/tools/", "/api/v1/tools/stock-lookup/", "/api/v1/audit/",
+                "/api/schema/"):
+        reply = manage.get(url)
+        assert reply.status_code == 200, url
+        seen.append(reply.content.decode())
+    detail = manage.get("/api/v1/tools/stock-lookup/").json()
+    assert "secret" not in detail and detail["has_secret"] is True
+    root = get_user_model().objects.create_superuser("root-tools", "r@localhost", "pw")
+    client.force_login(root)
+    for url in (reverse("admin:tools_tool_changelist"),
+                reverse("admin:tools_tool_change", args=[tool.pk]),
+                reverse("admin:audit_auditentry_changelist")):
+        reply = client.get(url)
+        assert reply.status_code == 200, url
+        seen.append(reply.content.decode())
+    seen += [str(row) for row in AuditEntry.objects.values()]
+    seen.append((tmp_path / "gw.log").read_text())
+    seen += [record.getMessage() for record in caplog.records]
+    for text in seen:
+        assert SECRET not in text and ciphertext not in text
+    assert inventory.seen[0]["headers"]["x-api-key"] == SECRET  # it was used, all along
