@@ -93,6 +93,22 @@ class Context:
             raise RuntimeError("only an asynchronous task's handler reports on it")
         self._agent._report(self.task_id, body)
 
+    def tool(self, name: str, arguments: dict | None = None, *,
+             timeout: float | None = None) -> dict:
+        """Call a tool through the gateway as this agent (its agent token): the gateway
+        holds the tool's secret, applies its quotas and records the call. Returns the
+        gateway's answer, ``{"ok", "status", "result", ...}``."""
+        agent = self._agent
+        running = getattr(agent, "_running", None) if agent is not None else None
+        registration = running.registration if running is not None else None
+        if registration is None or not registration.agent_token:
+            raise RuntimeError("only a registered agent's handler calls tools as itself")
+        left = self.deadline.left_ms() / 1000 if self.deadline is not None else None
+        with ReachClient(agent.gateway_url or agent.platform,
+                         registration.agent_token) as client:
+            return client.call_tool(name, arguments or {},
+                                    timeout=min(filter(None, (timeout, left)), default=None))
+
     def client(self, api_key: str | None = None, *, hops: int = 2) -> ReachClient:
         """A gateway client for calling other agents from this handler, on the budget this
         call has left, shared over ``hops`` (the callee and this handler's own work)."""
@@ -278,6 +294,7 @@ class Agent:
         running = RunningAgent(self, key=key, host=host, port=port, reach=reach,
                                heartbeat_s=heartbeat_s, grace_s=grace_s,
                                register_wait_s=register_wait_s)
+        self._running = running
         running.start()
         return running
 

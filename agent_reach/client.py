@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -181,6 +182,24 @@ class ReachClient(_Base):
                                   {"Content-Type": "application/json"}),
             timeout=timeout_s + TRANSPORT_SLACK_S)
         return self._check(response)
+
+    def call_tool(self, name: str, arguments: dict | None = None, *,
+                  timeout: float | None = None) -> dict:
+        """Call the tool ``name`` through the gateway: ``{"ok", "status", "result", ...}``
+        (``ok`` false: the external service answered 4xx). Gateway errors raise."""
+        timeout_s = self._timeout(timeout)
+        response = self._http.post(
+            f"/v1/tools/{quote(name, safe='')}/call",
+            content=orjson.dumps({"arguments": arguments or {}}),
+            headers=self._headers(timeout_s, None, {"Content-Type": "application/json"}),
+            timeout=timeout_s + TRANSPORT_SLACK_S)
+        return self._check(response)
+
+    def tools(self, *, format: str | None = None) -> list[dict]:
+        """The tools this key may call; ``format="openai"``: as OpenAI ``tools``."""
+        response = self._http.get("/v1/tools", params={"format": format} if format else None,
+                                  headers=self._headers(self._timeout(None), None, {}))
+        return self._check(response)["tools"]
 
     def stream(self, capability: str | None = None, *, intent: str | None = None,
                input: dict | None = None, params: dict | None = None,

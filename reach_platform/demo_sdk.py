@@ -9,6 +9,8 @@ key; each registers itself, heartbeats on its own thread and leaves when the run
 * ``demo-reporter``: slow work done asynchronously: it asks which period when none is
   given, reports progress, and finishes later;
 * ``demo-vault``: reachable only through its reverse tunnel (it listens on no port);
+* ``demo-stockkeeper``: answers stock questions by calling the ``stock-lookup`` tool
+  through the gateway (``reach_platform.demo_tools``), whose secret it never sees;
 * ``demo-translator`` (``reach_platform.demo_agents``): a legacy HTTP service with a
   business envelope that cannot change, registered and watched by ``reach-sidecar``.
 
@@ -39,7 +41,7 @@ PHRASES = {
 BACK = {v[lang]: (k, lang) for k, v in PHRASES.items() for lang in v}
 # What the README's examples call (demo-chat's chat.general included).
 DEMO_CAPABILITIES = ("translate.text", "chat.general", "translate.phrase", "summarize.text",
-                     "chat.assistant", "report.build", "vault.lookup")
+                     "chat.assistant", "report.build", "vault.lookup", "stock.check")
 VAULT = {"INV-1001": {"customer": "ACME Corp", "amount": 1250.0, "status": "paid"},
          "INV-1002": {"customer": "Globex", "amount": 310.5, "status": "due"}}
 
@@ -134,6 +136,23 @@ def vault() -> Agent:
     return agent
 
 
+def stockkeeper() -> Agent:
+    agent = Agent("demo-stockkeeper", description="Demo stock answers, from the inventory "
+                                                  "API it calls as a tool through the gateway")
+
+    @agent.capability("stock.check", description="How many of an article are in stock",
+                      input_schema={"type": "object", "required": ["sku"],
+                                    "properties": {"sku": {"type": "string"}}})
+    def check(input, ctx):
+        answer = ctx.tool("stock-lookup", {"sku": input["sku"]})
+        if not answer["ok"]:
+            return {"sku": input["sku"], "known": False}
+        return {"sku": input["sku"], "known": True, "in_stock": answer["result"]["in_stock"],
+                "via": f"tool stock-lookup, request {answer['request_id']}"}
+
+    return agent
+
+
 class DemoFleet:
     """The SDK demo agents and the sidecar, started once the platform answers."""
 
@@ -161,7 +180,7 @@ class DemoFleet:
         try:
             for build, reach in ((phrasebook, "direct"), (summarizer, "direct"),
                                  (assistant, "direct"), (reporter, "direct"),
-                                 (vault, "tunnel")):
+                                 (vault, "tunnel"), (stockkeeper, "direct")):
                 self.running.append(build().start(platform=self._base, key=self._key,
                                                   reach=reach))
             self.sidecar = Sidecar(SidecarConfig(

@@ -117,6 +117,10 @@ def test_the_readme_demo_examples_work_verbatim_in_order(first_run):
     assert out.count("chat.completion.chunk") > 3 and "data: [DONE]" in out  # streamed
     assert '"agent":"demo-summarizer"' in out and '"key_points":[' in out  # by intent
     assert '"agent":"demo-vault"' in out and '"customer":"ACME Corp"' in out  # tunnel
+    assert '"agent":"demo-stockkeeper"' in out and '"in_stock":42' in out  # a tool, by an agent
+    assert '"tool":"stock-lookup"' in out and '"in_stock":7' in out  # the tool, by a key
+    assert '"type":"function"' in out and '"name":"stock-lookup"' in out  # OpenAI tools
+    assert "mcp tools: True True" in out and '"in_stock":1250' in out  # an MCP session
     assert "You said: Hi!" in out  # openai SDK, demo-chat
     assert "You said: Tell me a story" in out  # openai SDK, streamed from demo-assistant
     assert "demo-phrasebook {'translation': 'merci'" in out  # ReachClient.invoke

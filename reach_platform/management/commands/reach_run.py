@@ -68,6 +68,10 @@ class Command(BaseCommand):
             legacy = next(a for a in agents if a.name != CHAT_AGENT_ID)
             # demo-chat stands for a third-party OpenAI-compatible endpoint: registered by
             # descriptor, kept alive here. Every other demo agent registers itself.
+            from reach_platform.demo_tools import demo_tool_register, inventory_start
+
+            inventory = inventory_start(local)
+            demo_tool_register(tenant=access.tenant, inventory=inventory)
             instances = demo_agents_register(tenant=access.tenant, agents=chat)
             jobs["demo.heartbeat"] = (10.0, lambda: demo_heartbeat(instances))
             fleet = DemoFleet(base, access.api_key, legacy, announce=self._announce).start()
@@ -78,7 +82,9 @@ class Command(BaseCommand):
                 f"  demo agent {chat[0].name} on {chat[0].base_url} (OpenAI-compatible)",
                 f"  demo agent {legacy.name} on {legacy.base_url} (behind reach-sidecar)",
                 "  demo agents built with the SDK: demo-phrasebook, demo-summarizer, "
-                "demo-assistant, demo-reporter, demo-vault (tunnel only)",
+                "demo-assistant, demo-reporter, demo-vault (tunnel only), demo-stockkeeper",
+                f"  demo tool stock-lookup: an inventory API on {inventory.url} whose key "
+                "only the gateway holds",
             ]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
