@@ -33,13 +33,15 @@ class UsageEventAdmin(ReadOnlyTenantScopedAdmin):
     the gateways served while the control plane was down), searchable by request id."""
 
     list_display = [
-        "occurred_at", "request_id", "tenant", "agent", "capability", "outcome_badge",
-        "instance_id", "retries", "route_score", "timings", "input_tokens", "output_tokens",
-        "cost",
+        "occurred_at", "request_id", "tenant", "agent", "capability", "tool", "caller_agent",
+        "outcome_badge", "instance_id", "retries", "route_score", "timings", "input_tokens",
+        "output_tokens", "cost",
     ]
     list_filter = ["outcome", _TENANT_FILTER, ("agent", admin.RelatedOnlyFieldListFilter),
-                   ("capability", admin.RelatedOnlyFieldListFilter)]
-    list_select_related = ["tenant", "agent__namespace", "capability"]
+                   ("capability", admin.RelatedOnlyFieldListFilter),
+                   ("tool", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["tenant", "agent__namespace", "capability", "tool",
+                           "caller_agent__namespace"]
     search_fields = ["=request_id"]
     search_help_text = "A request id (X-Request-ID), exactly."
     date_hierarchy = "occurred_at"

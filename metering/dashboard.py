@@ -27,7 +27,7 @@ PERCENTILE_SAMPLE = 20_000
 
 
 def _calls(tenant_ids: Iterable[int] | None) -> QuerySet:
-    calls = UsageEvent.objects.all()
+    calls = UsageEvent.objects.filter(tool__isnull=True)  # agent calls (tools: their own)
     return calls if tenant_ids is None else calls.filter(tenant_id__in=list(tenant_ids))
 
 

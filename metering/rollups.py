@@ -38,7 +38,9 @@ PENDING_PER_RUN = 100
 def _totals(start: datetime, end: datetime) -> list[dict[str, Any]]:
     """One row per tenant x agent x capability, from one query grouped by outcome too."""
     per_outcome = (
-        UsageEvent.objects.filter(occurred_at__gte=start, occurred_at__lt=end)
+        # Agent calls: tool calls have a report of their own (selectors.tool_usage).
+        UsageEvent.objects.filter(occurred_at__gte=start, occurred_at__lt=end,
+                                  tool__isnull=True)
         .order_by()  # Meta.ordering must not leak into the GROUP BY
         .values(*_GROUP, "outcome")
         .annotate(

@@ -92,7 +92,8 @@ def _sources(
         .exclude(day__in=pending)
         .order_by()
     )
-    events = UsageEvent.objects.for_tenants(tenant_ids).filter(_day_ranges(from_events))
+    events = UsageEvent.objects.for_tenants(tenant_ids).filter(
+        _day_ranges(from_events), tool__isnull=True)
     return rollups, events.order_by()
 
 
@@ -283,3 +284,23 @@ def cost_allocation(
 def allocation_total(rows: Iterable[dict[str, Any]]) -> Decimal:
     return quantize_cost(sum((row["cost"] for row in rows), Decimal(0)))
 
+
+
+def tool_usage(*, tenant_ids: Iterable[int] | None, start: dt.date, end: dt.date) -> list[dict]:
+    """Tool calls in ``[start, end]`` (UTC days) per tool and caller (an agent, or the
+    tenant's keys): count, errors (every outcome but success, and the service's 4xx
+    answers apart), average latency. From the events: the audit records themselves."""
+    lower, upper = period_bounds(start, end)
+    rows = (UsageEvent.objects.for_tenants(tenant_ids)
+            .filter(tool__isnull=False, occurred_at__gte=lower, occurred_at__lt=upper)
+            .order_by().values("tool__name", "tenant__slug", "caller_agent__name")
+            .annotate(calls=Count("id"), errors=Count("id", filter=~Q(outcome="success")),
+                      refused_by_service=Count("id", filter=Q(outcome="success",
+                                                             upstream_status__gte=400)),
+                      latency_ms_total=Sum("latency_ms")))
+    return sorted(({
+        "tool": row["tool__name"], "tenant": row["tenant__slug"],
+        "caller": row["caller_agent__name"] or "(tenant key)", "calls": row["calls"],
+        "errors": row["errors"], "refused_by_service": row["refused_by_service"],
+        "latency_ms_avg": round(row["latency_ms_total"] / row["calls"], 1)}
+        for row in rows), key=lambda r: (r["tool"] or "", r["tenant"], r["caller"]))

@@ -5,6 +5,7 @@ from rest_framework.routers import SimpleRouter
 
 from audit.api import AuditEntryViewSet
 from metering.api.views import (
+    ToolUsageView,
     UsageAllocationView,
     UsageDailyViewSet,
     UsageEventViewSet,
@@ -66,6 +67,7 @@ urlpatterns = [
     path("api/v1/usage/report/", UsageReportView.as_view(), name="usage-report"),
     path("api/v1/usage/report.csv", UsageReportCSVView.as_view(), name="usage-report-csv"),
     path("api/v1/usage/allocation/", UsageAllocationView.as_view(), name="usage-allocation"),
+    path("api/v1/usage/tools/", ToolUsageView.as_view(), name="usage-tools"),
     path("api/v1/tasks/<str:pk>/a2a-push", TaskPushView.as_view(), name="task-a2a-push"),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -149,3 +149,21 @@ class UsageAllocationSerializer(serializers.Serializer):
     end = serializers.DateField(read_only=True)
     total_cost = _cost_field()
     tenants = UsageAllocationRowSerializer(many=True, read_only=True)
+
+
+class ToolUsageRowSerializer(serializers.Serializer):
+    tool = serializers.CharField(read_only=True, allow_null=True)
+    tenant = serializers.CharField(read_only=True)
+    caller = serializers.CharField(read_only=True, help_text="The calling agent's name, or "
+                                   "'(tenant key)'.")
+    calls = serializers.IntegerField(read_only=True)
+    errors = serializers.IntegerField(read_only=True)
+    refused_by_service = serializers.IntegerField(
+        read_only=True, help_text="Calls the external service answered with a 4xx.")
+    latency_ms_avg = serializers.FloatField(read_only=True)
+
+
+class ToolUsageSerializer(serializers.Serializer):
+    start = serializers.DateField(read_only=True)
+    end = serializers.DateField(read_only=True)
+    rows = ToolUsageRowSerializer(many=True, read_only=True)

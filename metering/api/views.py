@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from metering import selectors
 from metering.api.serializers import (
+    ToolUsageSerializer,
     UsageAllocationSerializer,
     UsageDailySerializer,
     UsageEventSerializer,
@@ -155,3 +156,18 @@ class UsageAllocationView(APIView):
         body = {"start": query["start"], "end": query["end"],
                 "total_cost": selectors.allocation_total(rows), "tenants": rows}
         return Response(UsageAllocationSerializer(body).data)
+
+
+class ToolUsageView(APIView):
+    """Tool calls per tool and caller (an agent, or a tenant's keys) over a period: calls,
+    errors, the external service's refusals, average latency."""
+
+    @extend_schema(operation_id="usage_tools", parameters=[UsagePeriodQuerySerializer],
+                   responses={200: ToolUsageSerializer})
+    def get(self, request: Request) -> Response:
+        query = _validated(UsagePeriodQuerySerializer, request)
+        tenant_ids = _scope(request, query.get("tenant"))
+        rows = selectors.tool_usage(tenant_ids=tenant_ids, start=query["start"],
+                                    end=query["end"])
+        return Response(ToolUsageSerializer(
+            {"start": query["start"], "end": query["end"], "rows": rows}).data)

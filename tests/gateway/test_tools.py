@@ -151,6 +151,14 @@ def test_an_agent_calls_a_tool_with_the_gateways_credential_and_is_audited(
     assert outcomes == ["invalid_input", "success", "success"]
     by_agent = rows.filter(caller_agent__name="scripted")
     assert by_agent.count() == 2 and rows.filter(caller_agent__isnull=True).count() == 1
+    # The tool usage report: per tool and caller.
+    from tests import factories
+    from tests.conftest import key_client
+
+    reader = key_client(factories.api_key(tenant=gateway.tenant).plaintext)
+    report = reader.get("/api/v1/usage/tools/").json()["rows"]
+    assert {(r["caller"], r["calls"], r["errors"]) for r in report
+            if r["tool"] == "stock-lookup"} == {("scripted", 2, 1), ("(tenant key)", 1, 0)}
     for row in rows:
         assert len(row.argument_digest) == 64
         stored = json.dumps({f.name: str(getattr(row, f.name)) for f in row._meta.fields})
