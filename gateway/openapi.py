@@ -136,6 +136,27 @@ SCHEMAS: dict[str, dict] = {
         },
         "additionalProperties": True,
     },
+    "ToolCallRequest": {
+        "type": "object", "properties": {"arguments": {
+            **_OBJECT, "description": "The tool's arguments (its input_schema)."}},
+        "additionalProperties": False,
+    },
+    "ToolCallReply": {
+        "type": "object", "required": ["request_id", "tool", "ok", "status", "result"],
+        "properties": {
+            "request_id": _TEXT, "tool": _TEXT,
+            "ok": {"type": "boolean", "description": "false: the service answered 4xx."},
+            "status": {"type": "integer", "description": "The external service's status."},
+            "result": {"nullable": True, "description": "Its answer (JSON, or text)."},
+            "attempts": {"type": "integer"},
+        },
+    },
+    "ToolList": {
+        "type": "object", "required": ["tools"],
+        "properties": {"tools": {"type": "array", "items": _OBJECT, "description": (
+            "The tools the caller may call; with format=openai, OpenAI `tools` definitions "
+            "({type: function, function: {name, description, parameters}}).")}},
+    },
     "RouteFeedback": {
         "type": "object", "required": ["intent", "capability"],
         "properties": {"intent": {**_TEXT, "maxLength": 2000}, "capability": _TEXT,
@@ -210,10 +231,45 @@ PATHS: dict[str, dict] = {
         "tags": ["gateway"],
         "parameters": [
             {"name": name, "in": "query", "schema": _TEXT, "required": False}
-            for name in ("capability", "intent", "namespace", "min_version", "cost")],
+            for name in ("capability", "intent", "namespace", "min_version", "cost",
+                         "src_lang", "dest_lang", "format", "input_chars")],
         "responses": {"200": _json(_ref("RouteExplanation"), "The decision, explained."),
                       **_errors(*_AUTH_ERRORS, "bad_request", "no_capability",
                                 "no_healthy_instance")},
+    }},
+    "/v1/tools": {"get": {
+        "operationId": "gateway_tools", "summary": "The tools this key or agent may call",
+        "tags": ["gateway"],
+        "parameters": [{"name": "format", "in": "query", "required": False,
+                        "schema": {"type": "string", "enum": ["openai"]}}],
+        "responses": {"200": _json(_ref("ToolList"), "The permitted tools."),
+                      **_errors(*_AUTH_ERRORS, "bad_request")},
+    }},
+    "/v1/tools/{name}/call": {"post": {
+        "operationId": "gateway_tool_call", "tags": ["gateway"],
+        "summary": "Call a tool: the gateway holds its secret, quotas and breaker",
+        "parameters": [{"name": "name", "in": "path", "required": True, "schema": _TEXT},
+                       *_HEADERS[1:3]],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": _ref("ToolCallRequest")}}},
+        "responses": {"200": _json(_ref("ToolCallReply"), "The service's answer."),
+                      **_errors(*_AUTH_ERRORS, "not_found", "invalid_input",
+                                "malformed_json", "payload_too_large",
+                                "unsupported_media_type", "rate_limited", "circuit_open",
+                                "upstream_timeout", "upstream_error",
+                                "upstream_bad_response", "upstream_busy")},
+    }},
+    "/mcp": {"post": {
+        "operationId": "gateway_mcp", "tags": ["gateway"],
+        "summary": "MCP (Streamable HTTP): the caller's tools, and ?agents=true its agents",
+        "parameters": [{"name": "agents", "in": "query", "required": False,
+                        "schema": {"type": "boolean"}}],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {**_OBJECT, "description": "One JSON-RPC 2.0 message."}}}},
+        "responses": {"200": _json(_OBJECT, "The JSON-RPC response."),
+                      "202": {"description": "A notification, accepted."},
+                      **_errors(*_AUTH_ERRORS, "bad_request", "unsupported_media_type",
+                                "payload_too_large")},
     }},
     "/v1/route/feedback": {"post": {
         "operationId": "gateway_route_feedback", "tags": ["gateway"],
