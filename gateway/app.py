@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -90,10 +90,25 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("HEAD", "/metrics"): Route("metrics", "_metrics"),
     ("GET", "/v1/tasks"): Route("tasks", "_task_list"),
     ("GET", "/v1/tools"): Route("tools", "_tool_list"),
+    ("GET", "/v1/models"): Route("models", "_models"),
+    ("GET", "/v1"): Route("index", "_index"),
     ("POST", "/mcp"): Route("mcp", "_mcp"),
 }
 TOOL_CALL = Route("tool_call", "_tool_call")  # POST /v1/tools/<name>/call
+MODEL = Route("model", "_model")  # GET /v1/models/<id>
 _PATHS = {path for _, path in ROUTES}
+GATEWAY_DOORS = {
+    "POST /v1/invoke": "call a capability, or an intent",
+    "POST /v1/chat/completions": "OpenAI-compatible chat (model: an agent or capability:<id>)",
+    "GET /v1/models": "what 'model' may name for your key",
+    "GET /v1/route": "dry run: where a call would go, and why",
+    "POST /v1/route/feedback": "tell the router which capability an intent meant",
+    "GET /v1/tasks": "asynchronous tasks (and /v1/tasks/<id>, its events, cancel, messages)",
+    "GET /v1/tools": "the tools you may call (?format=openai)",
+    "POST /v1/tools/<name>/call": "call a tool through the gateway",
+    "POST /mcp": "MCP server: your tools (and ?agents=true, your agents)",
+    "GET /metrics": "Prometheus metrics",
+}
 # ``/v1/tasks/<id>`` and its actions: (method, action) -> route.
 TASK_ROUTES: dict[tuple[str, str], Route] = {
     ("GET", ""): Route("task", "_task"),
@@ -246,6 +261,9 @@ class GatewayApp:
         route = ROUTES.get((scope["method"], path))
         if route is None and path.startswith("/v1/tasks/"):
             route = self._task_route(scope, path)
+        elif route is None and path.startswith("/v1/models/") and scope["method"] == "GET":
+            route = MODEL
+            scope["reach.model"] = unquote(path[len("/v1/models/"):])
         elif route is None and path.startswith("/v1/tools/") and path.endswith("/call") \
                 and scope["method"] == "POST":
             route = TOOL_CALL
@@ -392,6 +410,33 @@ class GatewayApp:
             return None
         scope["reach.task_id"], scope["reach.task_action"] = parsed
         return TASK_ROUTES.get((scope["method"], parsed[1]))
+
+    async def _index(self, request_id, scope, receive, send) -> str:
+        """What the gateway serves (no key needed to read it)."""
+        await send_json(send, 200, {"service": "Agent-Reach gateway", "doors": GATEWAY_DOORS,
+                                    "docs": "/api/docs/", "schema": "/api/schema/"},
+                        request_id)
+        return Outcome.SUCCESS
+
+    # ---- models (the OpenAI SDK's models.list() and .retrieve()) ---------------------------
+
+    async def _models(self, request_id, scope, receive, send) -> str:
+        request = await self._request(request_id, scope, receive, send)
+        listed = doors.models(request.table, request.key.tenant_pk,
+                              internal=self._internal(scope))
+        await send_json(send, 200, {"object": "list", "data": listed}, request_id)
+        return Outcome.SUCCESS
+
+    async def _model(self, request_id, scope, receive, send) -> str:
+        request = await self._request(request_id, scope, receive, send)
+        wanted = scope["reach.model"]
+        found = next((m for m in doors.models(request.table, request.key.tenant_pk,
+                                              internal=self._internal(scope))
+                      if m["id"] == wanted), None)
+        if found is None:
+            raise ReachError("not_found", f"No model {wanted[:200]!r} this key may use.")
+        await send_json(send, 200, found, request_id)
+        return Outcome.SUCCESS
 
     # ---- tools ---------------------------------------------------------------------------
 

@@ -298,3 +298,34 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
         input_chars=int(input_chars) if input_chars is not None else None,
         cost_preference=cost_preference, internal_network=internal,
     )
+
+
+# ---- GET /v1/models ------------------------------------------------------------------------
+
+
+def models(table: RouteTable, tenant_pk: int, *, internal: bool) -> list[dict]:
+    """What ``model`` may name for this tenant, in the OpenAI shape: each agent it may
+    reach (by name, or ``namespace/name`` when the name is taken in several namespaces),
+    then ``capability:<id>`` for each capability it may reach. Sorted by id."""
+    out: dict[str, dict] = {}
+    for agent in table.agents.values():
+        reachable = [c for c in agent.capabilities if visible_to(table, tenant_pk, agent, c)]
+        if not reachable or (agent.internal_only and not internal):
+            continue
+        shared = len(table.agents_by_name.get(name_key(agent.name), ())) > 1
+        name = f"{agent.namespace}/{agent.name}" if shared else agent.name
+        owner = table.tenants.get(agent.owner_tenant_pk)
+        out[name] = _model(name, owner.slug if owner else "agent-reach",
+                           f"agent {agent.namespace}/{agent.name} v{agent.version}")
+        for capability in reachable:
+            ident = f"capability:{capability.capability_id}"
+            out.setdefault(ident, _model(ident, "agent-reach",
+                                         capability.description or capability.capability_id))
+    return [out[k] for k in sorted(out)]
+
+
+def _model(ident: str, owner: str, description: str) -> dict:
+    # "created" is required by the OpenAI shape; the table does not know when a row was
+    # made, so every entry says 0 (the epoch) rather than invent a date.
+    return {"id": ident, "object": "model", "created": 0, "owned_by": owner,
+            "description": description[:300]}

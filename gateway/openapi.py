@@ -151,6 +151,12 @@ SCHEMAS: dict[str, dict] = {
             "attempts": {"type": "integer"},
         },
     },
+    "Model": {
+        "type": "object", "required": ["id", "object", "created", "owned_by"],
+        "properties": {"id": _TEXT, "object": {"type": "string", "enum": ["model"]},
+                       "created": {"type": "integer"}, "owned_by": _TEXT,
+                       "description": _TEXT},
+    },
     "ToolList": {
         "type": "object", "required": ["tools"],
         "properties": {"tools": {"type": "array", "items": _OBJECT, "description": (
@@ -226,6 +232,20 @@ PATHS: dict[str, dict] = {
         tuple(c for c in _CALL_ERRORS if c != "needs_confirmation"),
         [{"name": "X-Reach-Intent", "in": "header", "schema": _TEXT,
           "description": "Route by this intent (UTF-8 or percent-encoded)."}]),
+    "/v1/models": {"get": {
+        "operationId": "gateway_models", "tags": ["gateway"],
+        "summary": "OpenAI-compatible: what 'model' may name for this key",
+        "responses": {"200": _json({"type": "object", "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": _ref("Model")}}}, "The models."),
+            **_errors(*_AUTH_ERRORS)},
+    }},
+    "/v1/models/{model}": {"get": {
+        "operationId": "gateway_model", "tags": ["gateway"], "summary": "One model",
+        "parameters": [{"name": "model", "in": "path", "required": True, "schema": _TEXT}],
+        "responses": {"200": _json(_ref("Model"), "The model."),
+                      **_errors(*_AUTH_ERRORS, "not_found")},
+    }},
     "/v1/route": {"get": {
         "operationId": "gateway_route", "summary": "Dry run: where a call would go, and why",
         "tags": ["gateway"],

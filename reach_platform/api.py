@@ -60,3 +60,4 @@ class TenantScopedViewSet(_TenantScoped, viewsets.ModelViewSet):
             obj=instance, object_id=str(instance.pk),
         )
         instance.delete()
+

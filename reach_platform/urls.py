@@ -13,6 +13,7 @@ from metering.api.views import (
     UsageReportView,
 )
 from reach_platform import console, health
+from reach_platform.index import ApiIndexView
 from registry.api.views import (
     AgentRegisterView,
     AgentViewSet,
@@ -69,6 +70,7 @@ urlpatterns = [
     path("api/v1/usage/allocation/", UsageAllocationView.as_view(), name="usage-allocation"),
     path("api/v1/usage/tools/", ToolUsageView.as_view(), name="usage-tools"),
     path("api/v1/tasks/<str:pk>/a2a-push", TaskPushView.as_view(), name="task-a2a-push"),
+    path("api/v1/", ApiIndexView.as_view(router=router), name="api-index"),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
