@@ -27,6 +27,7 @@ PERIODIC = {
     "registry.probe_instances": 10.0,
     "registry.consume_route_feedback": 2.0,
     "registry.learn_routes": 60.0,
+    "registry.apply_agents_file": 1.0,
     "metering.consume_usage": 1.0,
     "metering.rollup": 60.0,
     # Budgets (80 %, 100 %) and agents without a healthy instance; then their webhooks.

@@ -48,9 +48,11 @@ def registry_jobs() -> dict[str, tuple[float, callable]]:
     from reach_platform.celery import PERIODIC
     from registry.probe import instances_probe
     from registry.services import instances_sweep
+    from registry.tasks import apply_agents_file
 
     functions = {"registry.sweep_leases": instances_sweep,
-                 "registry.probe_instances": instances_probe}
+                 "registry.probe_instances": instances_probe,
+                 "registry.apply_agents_file": apply_agents_file}
     return {name: (PERIODIC[name], function) for name, function in functions.items()}
 
 

@@ -325,6 +325,14 @@ ROUTES_SNAPSHOT_EVERY_S = env.float("REACH_ROUTES_SNAPSHOT_EVERY_S", default=30.
 # default serves both; production runs control-plane processes with false, so route-table
 # changes and heartbeats cost them nothing.
 SERVE_GATEWAY = env.bool("REACH_SERVE_GATEWAY", default=True)
+# An operator's agents file (registry.agents_file) applied for REACH_AGENTS_TENANT and
+# re-applied within a second of every change (REACH_AGENTS_PRUNE: also remove the agents
+# it no longer lists). Empty: none.
+AGENTS_FILE = env.str("REACH_AGENTS_FILE", default="")
+AGENTS_TENANT = env.str("REACH_AGENTS_TENANT", default="")
+AGENTS_PRUNE = env.bool("REACH_AGENTS_PRUNE", default=False)
+if AGENTS_FILE and not AGENTS_TENANT:
+    raise ImproperlyConfigured("REACH_AGENTS_FILE needs REACH_AGENTS_TENANT (its owner's slug).")
 # A gateway the console's "test call" sends its real call to (e.g. http://10.0.0.7:8080);
 # the run command sets its own address. Empty: the console offers dry runs only.
 CONSOLE_GATEWAY_URL = env.str("REACH_CONSOLE_GATEWAY_URL", default="")

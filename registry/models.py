@@ -118,6 +118,9 @@ class Agent(models.Model):
     )
     # The last descriptor as its author sent it (secrets are refused there, so none
     # is stored): informational fields live only here, and GET shows the source.
+    # Registered from an operator's agents file (registry.agents_file): only these are
+    # removed when the file no longer lists them (reach_apply --prune).
+    managed = models.BooleanField(default=False, editable=False)
     descriptor = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -470,3 +473,16 @@ class InstanceTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instance_pk}: {self.from_state or '∅'} → {self.to_state}"
+
+
+class AppliedFile(models.Model):
+    """The last content of a watched agents file that was applied (or refused), so each
+    change is applied once (``registry.agents_file.watched_file_apply``)."""
+
+    path = models.CharField(max_length=500, unique=True)
+    digest = models.CharField(max_length=64)
+    applied_at = models.DateTimeField()
+    error = models.TextField(blank=True, help_text="Why the last content was refused.")
+
+    def __str__(self) -> str:
+        return self.path
