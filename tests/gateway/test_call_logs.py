@@ -4,7 +4,6 @@ gateway and in the control plane alike, and a call's own line has its moments in
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import uuid
 
@@ -56,8 +55,8 @@ def test_every_line_of_a_retried_call_carries_its_request_id(scripted, captured)
         assert line.call["retried"] and len(line.call["attempts"]) == 2
     for record in calls:
         call = record.call
-        moments = [dt.datetime.fromisoformat(call[k])
-                   for k in ("entered_at", "routed_at", "answered_at", "returned_at")]
+        moments = [call[k] for k in ("entered_at", "routed_at", "answered_at", "returned_at")]
+        assert all(isinstance(m, float) for m in moments)
         assert moments == sorted(moments)
         assert call["agent"] == "default/scripted" and call["capability"] == "echo.all"
 
