@@ -17,13 +17,13 @@ STAMP="$VENV/.reach-installed"
 WANT="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   # Said, not silent: a first install downloads some 150 packages (Django, the sentence
-  # encoder, Playwright's driver, ...), about 3 minutes on a good connection.
+  # encoder, Playwright's driver, ...): 40 s from a warm cache, about 3 minutes cold.
   started=$SECONDS
   if [ -f "$STAMP" ]; then
     echo "agent-reach: pyproject.toml changed; updating the virtualenv in .venv ..." >&2
   else
     echo "agent-reach: first run: installing Python packages into .venv" \
-         "(about 3 minutes; later runs skip this) ..." >&2
+         "(1 to 3 minutes; later runs skip this) ..." >&2
   fi
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   # One line per package as it is collected and installed: progress, not a wall of text.
