@@ -50,6 +50,7 @@ def dashboard_context(request, now: dt.datetime | None = None) -> dict:
         .select_related("agent__namespace").order_by("agent__name", "pk")[:50],
         "refused_by_breakers": hour.by_outcome.get("circuit_open", 0)
         + hour.by_outcome.get("no_healthy_instance", 0),
+        "open_breakers": _open_breakers(request),
         # Open ones, and those of the last week.
         "alerts": Alert.objects.for_tenants(tenant_ids).select_related("tenant")
         .filter(Q(resolved_at__isnull=True) | Q(opened_at__gte=now - 7 * DAY))
@@ -70,6 +71,45 @@ def _false_positives(request, since: dt.datetime) -> dict:
     return {"lapses": transitions.filter(to_state=InstanceState.UNKNOWN).count(),
             "false_positives": transitions.filter(from_state=InstanceState.UNKNOWN,
                                                   to_state=InstanceState.HEALTHY).count()}
+
+
+def open_breakers_now() -> dict[int, str] | None:
+    """Instance pk -> its breaker's state ("open", "half_open") in any gateway process:
+    the embedded gateway's own, or what each gateway publishes to Redis every 2 s
+    (``gateway_factory.publish_breakers``). None when it cannot be read."""
+    if not settings.REDIS_URL:
+        asgi = sys.modules.get("reach_platform.asgi")
+        gateway = getattr(asgi, "gateway_application", None)
+        if gateway is None:
+            return None
+        return {pk: str(state) for pk, state in gateway.breakers.states().items()}
+    import orjson
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
+                                  socket_connect_timeout=1)
+    merged: dict[int, str] = {}
+    try:
+        for key in client.scan_iter(f"{settings.REDIS_KEY_PREFIX}breakers:*", count=100):
+            for pk, state in orjson.loads(client.get(key) or b"{}").items():
+                # Open anywhere counts as open.
+                if merged.get(int(pk)) != "open":
+                    merged[int(pk)] = state
+    except redis.RedisError as exc:
+        logger.warning("console: breakers unreadable (%s)", type(exc).__name__)
+        return None
+    finally:
+        client.close()
+    return merged
+
+
+def _open_breakers(request) -> list[dict] | None:
+    states = open_breakers_now()
+    if states is None:
+        return None
+    rows = _visible_instances(request).filter(pk__in=list(states)).select_related(
+        "agent__namespace").order_by("agent__name", "pk")
+    return [{"instance": i, "state": states[i.pk]} for i in rows]
 
 
 def _visible_instances(request):

@@ -133,6 +133,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
         background.append(lambda: ship_to_redis(usage, client, prefix + "usage"))
     background.append(lambda: ship_to_redis(route_feedback.queue, client,
                                             prefix + "route_feedback", what="route feedback"))
+    breakers = circuit_breakers()
+    background.append(lambda: publish_breakers(breakers, client, prefix))
     channel = prefix + "tasks"
 
     async def ring() -> None:
@@ -140,7 +142,7 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
 
     tasks.rings.append(ring)
     return GatewayApp(table=table, router=router, config=gateway_config(),
-                      breakers=circuit_breakers(), governor=governor if governed else None,
+                      breakers=breakers, governor=governor if governed else None,
                       usage=usage, idempotency=RedisStore(client, prefix),
                       idempotency_fail_open=settings.IDEMPOTENCY_FAIL_OPEN,
                       background=background, closers=[client.aclose], tasks=tasks,
@@ -151,6 +153,24 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                                         relay=channel_layer()),
                       route_feedback=route_feedback, ready=ready,
                           tool_breakers=tool_breakers(), authenticate_agent=agent_of_token)
+
+
+BREAKERS_TTL_S = 10
+
+
+async def publish_breakers(breakers: CircuitBreakers, client, prefix: str,
+                           every_s: float = 2.0) -> None:
+    """Forever: this process's breakers that are not closed, in Redis for the console
+    (``<prefix>breakers:<host>-<pid>``, expiring unless renewed, so a gone process's
+    vanish). Redis away: tried again at the next turn."""
+    key = f"{prefix}breakers:{socket.gethostname()}-{os.getpid()}"
+    while True:
+        states = {str(pk): str(state) for pk, state in breakers.states().items()}
+        try:
+            await client.set(key, orjson.dumps(states), ex=BREAKERS_TTL_S)
+        except Exception as exc:  # Redis away: the console shows no breakers meanwhile
+            logger.debug("breakers not published (%s)", type(exc).__name__)
+        await asyncio.sleep(every_s)
 
 
 def channel_layer():

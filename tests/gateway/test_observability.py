@@ -59,7 +59,8 @@ def store_usage(request_ids: list[str], tenant) -> dict[str, str]:
 
 @pytest.mark.gateway_env(REACH_BREAKER_MIN_VOLUME="2", REACH_BREAKER_FAILURE_RATIO="0.5",
                          REACH_LOG_FORMAT="json")
-def test_metrics_by_reason_equal_the_usage_rows_and_each_call_logs_one_line(gateway, tmp_path):
+def test_metrics_by_reason_equal_the_usage_rows_and_each_call_logs_one_line(
+        gateway, tmp_path, django_user_model):
     endpoint = f"http://127.0.0.1:{gateway.agent_port}/"
     agent_register(tenant=gateway.tenant, spec=AgentSpec(
         name="observed", endpoint=endpoint, capabilities=(
@@ -97,6 +98,24 @@ def test_metrics_by_reason_equal_the_usage_rows_and_each_call_logs_one_line(gate
         # An authenticated call with the wrong body type is metered too.
         call({"capability": "echo.all", "input": {}}, "unsupported_media_type",
              **{"Content-Type": "text/plain"})
+
+    # The console sees the open breaker, as the gateway process publishes it.
+    from django.test import Client
+    from django.urls import reverse
+
+    from registry.models import Instance
+
+    fail_instance = Instance.objects.get(agent__name="observed")
+    console = Client()
+    console.force_login(django_user_model.objects.create_superuser("ops", "o@x", "pw"))
+
+    def breaker_shown() -> bool:
+        page = console.get(reverse("admin:index")).content.decode()
+        table = page.split('id="reach-breakers"', 1)[-1].split("</table>")[0] \
+            if 'id="reach-breakers"' in page else ""
+        return f"<td>{fail_instance.pk} " in table
+
+    wait_for(breaker_shown, timeout=15, interval=0.2, message="the open breaker on the console")
 
     # The control plane: Django's own warning about a 400 carries the request's id.
     api_rid = uuid.uuid4().hex
