@@ -129,8 +129,8 @@ class GatewayApp:
                  route_feedback: FeedbackRecorder | None = None,
                  ready: Callable[[], bool] = lambda: True,
                  tool_breakers: CircuitBreakers | None = None,
-                 authenticate_agent: Callable[[str], Awaitable[int | None]] | None = None
-                 ) -> None:
+                 authenticate_agent: Callable[[str], Awaitable[int | None]] | None = None,
+                 tool_digest_key: bytes = b"") -> None:
         """``governor`` / ``usage`` None: no admission and no metering (benchmarks only).
         ``background``: coroutine functions run for the process's lifetime; ``closers``:
         coroutine functions awaited at shutdown (Redis clients); ``tasks``: the
@@ -160,7 +160,8 @@ class GatewayApp:
             caller=self.caller, usage=usage,
             limiter=governor.limiter if governor is not None else InProcessLimiter(),
             fallback=governor.fallback if governor is not None else None,
-            breakers=tool_breakers or CircuitBreakers(), authenticate_agent=authenticate_agent)
+            breakers=tool_breakers or CircuitBreakers(), authenticate_agent=authenticate_agent,
+            digest_key=tool_digest_key)
         self.mcp = McpServer(tools=self.tools, pipeline=self.pipeline)
         jobs = [*background, self.caller.pools.close_idle_forever]
         if tunnels is not None:
@@ -471,23 +472,29 @@ class GatewayApp:
         try:
             table, who = await self._tool_caller(scope)
             tool = self.tools.tool(table, who, scope["reach.tool"])
-            content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
-            if content_type.lower() != "application/json":
-                raise ReachError("unsupported_media_type",
-                                 "Send the request body as Content-Type: application/json.")
-            body = parse_json(await read_body(scope, receive, self.config.max_body_bytes))
-            unknown = sorted(set(body) - {"arguments"})
-            if unknown:
-                raise ReachError("invalid_input", f"Unknown field(s): {', '.join(unknown)}; "
-                                 "send {\"arguments\": {...}}.",
-                                 details={name: ["unknown field"] for name in unknown})
             deadline = header(scope, b"x-reach-deadline-ms")
-            if deadline is not None and (not deadline.isdigit() or int(deadline) < 1):
-                raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
-                                 "integer (milliseconds).")
-            reply = await self.tools.call(table, who, tool, body.get("arguments", {}),
-                                          request_id=request_id,
-                                          deadline_ms=int(deadline) if deadline else None)
+
+            async def arguments() -> dict:
+                # Read inside the call: a body refused here is audited as the tool's call.
+                content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
+                if content_type.lower() != "application/json":
+                    raise ReachError("unsupported_media_type", "Send the request body as "
+                                     "Content-Type: application/json.")
+                if deadline is not None and (not deadline.isdigit() or int(deadline) < 1):
+                    raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
+                                     "integer (milliseconds).")
+                body = parse_json(await read_body(scope, receive,
+                                                  self.config.max_body_bytes))
+                unknown = sorted(set(body) - {"arguments"})
+                if unknown:
+                    raise ReachError("invalid_input", f"Unknown field(s): "
+                                     f"{', '.join(unknown)}; send {{\"arguments\": {{...}}}}.",
+                                     details={name: ["unknown field"] for name in unknown})
+                return body.get("arguments", {})
+
+            reply = await self.tools.call(
+                table, who, tool, arguments, request_id=request_id,
+                deadline_ms=int(deadline) if deadline and deadline.isdigit() else None)
         finally:
             shedder.in_flight -= 1
         await send_json(send, 200, reply, request_id)
@@ -506,7 +513,10 @@ class GatewayApp:
                              "Send the JSON-RPC message as Content-Type: application/json.")
         raw = await read_body(scope, receive, self.config.max_body_bytes)
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        with_agents = query.get("agents", ["false"])[-1].lower() in ("1", "true", "yes")
+        agents = [value.lower() for value in query.get("agents", ["false"])]
+        if len(agents) > 1 or agents[0] not in ("1", "true", "yes", "0", "false", "no"):
+            raise ReachError("bad_request", "'agents' is true or false, once.")
+        with_agents = agents[0] in ("1", "true", "yes")
         status, body = await self.mcp.answer(table, who, raw, with_agents=with_agents,
                                              request_id=request_id)
         await send_bytes(send, status, body or b"", request_id)

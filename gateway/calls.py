@@ -13,7 +13,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from jsonschema import Draft202012Validator
 
 from gateway import tracing
 from gateway.breaker import CircuitBreakers
@@ -32,6 +31,7 @@ from gateway.upstream import (
     upload_tracker,
 )
 from reach_core.errors import ReachError
+from reach_core.schemas import validator_for
 from routing.router import Candidate, Feedback
 from routing.table import CapabilityEntry, RouteTable
 
@@ -121,19 +121,23 @@ class Validators:
     """Compiled JSON Schema validators, one per schema object in the table."""
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[object, Draft202012Validator]] = {}
+        self._cache: dict[int, tuple[object, Any]] = {}
 
     def errors(self, schema, instance) -> dict[str, list[str]]:
         if not schema:
             return {}
         cached = self._cache.get(id(schema))
         if cached is None or cached[0] is not schema:
-            cached = (schema, Draft202012Validator(thaw(schema)))
+            cached = (schema, validator_for(thaw(schema)))
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[id(schema)] = cached
         problems: dict[str, list[str]] = {}
-        for error in cached[1].iter_errors(instance):
+        try:
+            errors = list(cached[1].iter_errors(instance))
+        except Exception:  # a schema registered before it was checked (a remote $ref...)
+            return {"$": ["cannot be checked: the schema is not usable (see its registration)"]}
+        for error in errors:
             where = list(error.absolute_path)
             if error.validator == "required":
                 # At each missing field itself: that is what the caller must add.

@@ -67,11 +67,17 @@ _KEY_END = re.compile(rb'"\s*:')
 
 
 def _count_keys(value) -> int:
-    if isinstance(value, dict):
-        return len(value) + sum(_count_keys(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(_count_keys(v) for v in value)
-    return 0
+    # Iterative: a body nested as deep as the parser allows (1,024) must not hit
+    # Python's recursion limit.
+    count, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return count
 
 
 def _refuse_duplicates(raw: bytes) -> None:

@@ -246,6 +246,8 @@ class LeasingLimiter:
     def __init__(self, inner: RedisLimiter, *, share: float = 0.1, horizon_s: float = 0.1,
                  max_lease: int = 1000, clock: Callable[[], float] = time.monotonic) -> None:
         self._inner = inner
+        # The shared buckets themselves, for limits too low to lease (a tool's quota).
+        self.exact = inner
         self._share = share
         self._horizon = horizon_s
         self._max_lease = max_lease

@@ -2,8 +2,9 @@
 ``?agents=true`` the capabilities of the agents it may reach, as MCP tools: an MCP
 client reaches external APIs and agents through one endpoint, with its key.
 
-Stateless: no session id is issued, each POST carries one JSON-RPC message (or, in the
-2025-03-26 revision, a batch) and is answered with JSON; notifications get 202. GET (a
+Stateless: no session id is issued, each POST carries one JSON-RPC message (batches,
+which only the 2025-03-26 revision had, are refused) and is answered with JSON;
+notifications get 202. GET (a
 server-to-client stream) and DELETE (ending a session) answer 405, which the
 specification allows. Tool calls go through the tool gateway (``gateway.tools``) and
 capability calls through the call pipeline, so quotas, breakers, audit and metering are
@@ -46,22 +47,35 @@ class McpServer:
             message = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return 400, orjson.dumps(_error(None, PARSE_ERROR, "The body is not JSON."))
-        if isinstance(message, list):
-            replies = [r for m in message if (r := await self._one(
-                table, who, m, with_agents, request_id)) is not None]
-            return (200, orjson.dumps(replies)) if replies else (202, None)
+        if isinstance(message, list):  # batches: 2025-03-26 only, and not served here
+            return 400, orjson.dumps(_error(None, INVALID_REQUEST, "Send one message per "
+                                            "request (JSON-RPC batches are not served)."))
         reply = await self._one(table, who, message, with_agents, request_id)
-        return (200, orjson.dumps(reply)) if reply is not None else (202, None)
+        if reply is None:
+            return 202, None
+        # Not a JSON-RPC message at all: the HTTP answer says so too.
+        invalid = "error" in reply and reply["error"]["code"] == INVALID_REQUEST
+        return (400 if invalid else 200), orjson.dumps(reply)
 
     async def _one(self, table, who, message, with_agents: bool, request_id: str):
+        """The reply to one message; None for a notification or a response. A message
+        this server cannot take at all is answered with INVALID_REQUEST (HTTP 400)."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return _error(None, INVALID_REQUEST, "Not a JSON-RPC 2.0 message.")
-        method, ident = message.get("method"), message.get("id")
-        if method is None or "id" not in message:
-            return None  # a notification, or a response to us: nothing to answer
-        params = message.get("params") or {}
+        if "method" not in message:
+            if "result" in message or "error" in message:
+                return None  # a response to us: nothing to answer
+            return _error(None, INVALID_REQUEST, "A message needs a 'method'.")
+        method, params = message["method"], message.get("params", {})
+        if not isinstance(method, str) or not method:
+            return _error(None, INVALID_REQUEST, "'method' must name a method.")
         if not isinstance(params, dict):
-            return _error(ident, INVALID_PARAMS, "'params' must be an object.")
+            return _error(None, INVALID_REQUEST, "'params' must be an object.")
+        if "id" not in message:
+            return None  # a notification (notifications/initialized, ...)
+        ident = message["id"]
+        if ident is None or isinstance(ident, bool) or not isinstance(ident, str | int):
+            return _error(None, INVALID_REQUEST, "'id' must be a string or an integer.")
         if method == "initialize":
             asked = params.get("protocolVersion")
             version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]

@@ -283,9 +283,16 @@ PATHS: dict[str, dict] = {
         "operationId": "gateway_mcp", "tags": ["gateway"],
         "summary": "MCP (Streamable HTTP): the caller's tools, and ?agents=true its agents",
         "parameters": [{"name": "agents", "in": "query", "required": False,
-                        "schema": {"type": "boolean"}}],
+                        "schema": {"type": "string", "enum": ["true", "false", "1", "0",
+                                                              "yes", "no"]}}],
         "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {**_OBJECT, "description": "One JSON-RPC 2.0 message."}}}},
+            "schema": {"type": "object", "required": ["jsonrpc"],
+                       "properties": {"jsonrpc": {"type": "string", "enum": ["2.0"]},
+                                      "method": {"type": "string", "minLength": 1},
+                                      "id": {"oneOf": [{"type": "string"},
+                                                       {"type": "integer"}]},
+                                      "params": _OBJECT},
+                       "description": "One JSON-RPC 2.0 message."}}}},
         "responses": {"200": _json(_OBJECT, "The JSON-RPC response."),
                       "202": {"description": "A notification, accepted."},
                       **_errors(*_AUTH_ERRORS, "bad_request", "unsupported_media_type",
@@ -301,6 +308,21 @@ PATHS: dict[str, dict] = {
                                 "payload_too_large", "unsupported_media_type")},
     }},
 }
+
+
+# /mcp answers a message it cannot take with 400 and a JSON-RPC error (the MCP transport's
+# rule), other failures (authentication, media type) with the platform's error.
+SCHEMAS["JsonRpcError"] = {
+    "type": "object", "required": ["jsonrpc", "error"],
+    "properties": {"jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"nullable": True},
+                   "error": {"type": "object", "required": ["code", "message"],
+                             "properties": {"code": {"type": "integer"}, "message": _TEXT}}},
+}
+PATHS["/mcp"]["post"]["responses"]["400"] = {
+    "description": "Not a JSON-RPC message this server takes (a JSON-RPC error), or a bad "
+                   "request (`bad_request`).",
+    "content": {"application/json": {"schema": {"oneOf": [_ref("JsonRpcError"),
+                                                          _ref("GatewayError")]}}}}
 
 
 def merge_into(schema: dict) -> dict:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
+import json
 import math
 import re
 import time
@@ -27,6 +29,7 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from gateway.auth import authenticate
 from gateway.breaker import CircuitBreakers
@@ -60,17 +63,33 @@ class ToolCaller:
             f"tenant:{self.tenant_pk}"
 
 
-def digest(arguments: dict) -> str:
-    """The arguments' fingerprint for the audit record (their values are never kept)."""
-    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)).hexdigest()
+def digest(arguments: dict, key: bytes = b"") -> str:
+    """The arguments' fingerprint for the audit record (their values are never kept):
+    an HMAC with the platform's key, so a short value cannot be found by hashing
+    guesses, while equal arguments still have equal digests."""
+    return hmac.new(key, _dumps(arguments, sort=True), hashlib.sha256).hexdigest()
+
+
+def _dumps(value, *, sort: bool = False) -> bytes:
+    """JSON bytes; past orjson's nesting limit (255) the standard library takes over (the
+    parser accepts bodies nested up to 1,024 levels)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort else None)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, sort_keys=sort, separators=(",", ":"),
+                          ensure_ascii=False).encode()
 
 
 class ToolDoors:
     def __init__(self, *, caller: Caller, limiter, fallback=None,
                  breakers: CircuitBreakers, usage: UsageQueue | None,
                  authenticate_agent: Callable[[str], Awaitable[int | None]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 digest_key: bytes = b"", clock: Callable[[], float] = time.monotonic) -> None:
         self.caller = caller
+        # Tool quotas are low rates: checked on the shared buckets themselves (a leasing
+        # limiter loses the unspent part of its leases, which a 60/min quota feels).
+        limiter = getattr(limiter, "exact", limiter)
+        self.digest_key = digest_key
         self.limiter = limiter
         self.fallback = fallback
         self.breakers = breakers
@@ -127,10 +146,14 @@ class ToolDoors:
     async def call(self, table: RouteTable, who: ToolCaller, tool: ToolEntry, arguments,
                    *, request_id: str, deadline_ms: int | None = None) -> dict:
         """Run one call; returns the reply body. Raises ``ReachError``. Exactly one usage
-        event (the audit record) whatever happens once the tool is known."""
+        event (the audit record) whatever happens once the tool is known: ``arguments``
+        may be a coroutine function reading them (the request's body), so a body that
+        cannot be read or parsed is a call of the tool too."""
         started = self._clock()
         outcome, status = "internal_error", None
         try:
+            if callable(arguments):
+                arguments = await arguments()
             result = await self._call(who, tool, arguments, deadline_ms)
             outcome, status = "success", result["status"]
             return {"request_id": request_id, "tool": tool.name, **result}
@@ -158,6 +181,7 @@ class ToolDoors:
             raise ReachError("circuit_open", f"The tool {tool.name!r} is failing; its breaker "
                              "is open. Retry later.", retry_after=5)
         budget_ms = min(tool.timeout_ms, deadline_ms) if deadline_ms else tool.timeout_ms
+        caller_bound = bool(deadline_ms) and deadline_ms < tool.timeout_ms
         deadline = self._clock() + budget_ms / 1000
         url, query, body = request_parts(tool, arguments)
         headers = {"accept": "application/json"}
@@ -169,15 +193,19 @@ class ToolDoors:
             attempts += 1
             remaining = deadline - self._clock()
             if remaining <= 0:
-                raise ReachError("upstream_timeout", f"The tool did not answer within "
-                                 f"{budget_ms} ms.")
+                raise _timed_out(caller_bound, budget_ms)
             try:
                 status, result = await self._send(tool, url, query, headers, body,
                                                   ssl_context, remaining)
             except _Retryable as failure:
                 self.breakers.record(tool.pk, ok=False)
-                if attempts == 1 and (not failure.delivered or tool.method in _IDEMPOTENT):
-                    continue  # the one safe retry
+                # The one safe retry: only when the service never had the request (the
+                # HTTP client already repeats an idempotent request on a dropped
+                # keep-alive connection; a second layer would multiply it).
+                if attempts == 1 and not failure.delivered:
+                    continue
+                if failure.code == "upstream_timeout":
+                    raise _timed_out(caller_bound, budget_ms) from None
                 raise ReachError(failure.code, failure.message) from None
             if status >= 500:
                 self.breakers.record(tool.pk, ok=False)
@@ -186,26 +214,35 @@ class ToolDoors:
                 raise ReachError("upstream_error", f"The tool's service answered HTTP {status}.",
                                  details={"status": status})
             self.breakers.record(tool.pk, ok=True)
-            return {"ok": status < 400, "status": status, "result": result,
-                    "attempts": attempts}
+            return {"ok": status < 400, "status": status,
+                    "result": _redacted(result, self._secret_of(tool)), "attempts": attempts}
 
     async def _admit(self, who: ToolCaller, tool: ToolEntry) -> None:
-        limits = []
-        if tool.calls_per_minute:
-            limits.append(_per_minute(f"tool:{tool.pk}", tool.calls_per_minute))
+        """The caller's quota first, then the tool's total: a caller over its own quota
+        is refused without spending the tokens every caller shares."""
         if tool.caller_calls_per_minute:
-            limits.append(_per_minute(f"tool:{tool.pk}:{who.label}",
-                                      tool.caller_calls_per_minute))
-        if not limits:
-            return
-        verdict = await self.limiter.check(limits)
+            await self._take(_per_minute(f"tool:{tool.pk}:{who.label}",
+                                         tool.caller_calls_per_minute), tool, "your")
+        if tool.calls_per_minute:
+            await self._take(_per_minute(f"tool:{tool.pk}", tool.calls_per_minute), tool,
+                             "its total")
+
+    async def _take(self, limit: Limit, tool: ToolEntry, whose: str) -> None:
+        verdict = await self.limiter.check([limit])
         if verdict.degraded and self.fallback is not None:
-            verdict = await self.fallback.check(limits)
+            verdict = await self.fallback.check([limit])
         if not verdict.allowed:
-            which = "its total" if verdict.limit_key == f"tool:{tool.pk}" else "your"
-            raise ReachError("rate_limited", f"The tool {tool.name!r} reached {which} quota; "
+            raise ReachError("rate_limited", f"The tool {tool.name!r} reached {whose} quota; "
                              f"retry after {verdict.retry_after_s:g} s.",
                              retry_after=max(1, math.ceil(verdict.retry_after_s)))
+
+    def _secret_of(self, tool: ToolEntry) -> str | None:
+        if tool.auth_kind in ("none", "mtls"):
+            return None
+        try:
+            return self.caller.credentials.secret(tool)
+        except ReachError:
+            return None
 
     def _authenticate_upstream(self, tool: ToolEntry, headers: dict, query: dict):
         """The tool's credential, applied here and nowhere else."""
@@ -239,15 +276,13 @@ class ToolDoors:
         try:
             timeout = aiohttp.ClientTimeout(total=remaining_s,
                                             sock_connect=min(3.0, remaining_s))
-            async with session.request(tool.method, url, params=query or None, data=body,
+            async with session.request(tool.method, URL(url, encoded=True),
+                                       params=query or None, data=body,
                                        headers=headers, timeout=timeout,
                                        allow_redirects=False,
                                        ssl=ssl_context if ssl_context is not None else True
                                        ) as response:
-                raw = await response.content.read(RESULT_MAX_BYTES + 1)
-                if len(raw) > RESULT_MAX_BYTES:
-                    raise ReachError("upstream_bad_response", "The tool's answer is larger "
-                                     f"than {RESULT_MAX_BYTES} bytes.")
+                raw = await _read_all(response, RESULT_MAX_BYTES)
                 return response.status, _result(response.content_type, raw)
         except aiohttp.ClientConnectorError as exc:
             raise _Retryable("upstream_error", f"cannot connect to the tool's service "
@@ -272,11 +307,42 @@ class ToolDoors:
             "event_id": requestid.new_request_id(), "request_id": request_id,
             "tenant": who.tenant_pk, "agent": None, "capability": None, "instance": None,
             "tool": tool.pk, "caller_agent": who.agent_pk,
-            "argument_digest": digest(arguments) if isinstance(arguments, dict) else "",
+            "argument_digest": digest(arguments, self.digest_key)
+            if isinstance(arguments, dict) else "",
             "upstream_status": status, "outcome": outcome, "input_tokens": 0,
             "output_tokens": 0, "cost": 0.0, "latency_ms": int(seconds * 1000),
             "occurred_at": time.time(),
         })
+
+
+async def _read_all(response, limit: int) -> bytes:
+    """The whole answer, refused past ``limit`` bytes (``read(n)`` alone returns what has
+    arrived so far, which cut long answers short)."""
+    parts, size = [], 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ReachError("upstream_bad_response",
+                             f"The tool's answer is larger than {limit} bytes.")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _timed_out(caller_bound: bool, budget_ms: int) -> ReachError:
+    if caller_bound:
+        return ReachError("deadline_exceeded", f"The caller's budget of {budget_ms} ms ran out.")
+    return ReachError("upstream_timeout", f"The tool did not answer within {budget_ms} ms.")
+
+
+def _redacted(result, secret: str | None):
+    """The answer without the tool's secret, should the service echo it back (a URL
+    with the key in its query, a header dump)."""
+    if not secret or len(secret) < 4:
+        return result
+    text = _dumps(result)
+    if secret.encode() not in text:
+        return result
+    return json.loads(text.replace(secret.encode(), b"[redacted]"))
 
 
 class _Retryable(Exception):
@@ -286,10 +352,9 @@ class _Retryable(Exception):
 
 
 def _per_minute(key: str, per_minute: int) -> Limit:
-    # A minute's quota as a bucket of one second's worth, refilled continuously: no burst
-    # of a whole minute at once towards the external system.
-    rate = per_minute / 60
-    return Limit(key=key, rate_per_s=rate, burst=max(1, math.ceil(rate)))
+    # A minute's quota as a bucket of five seconds' worth, refilled continuously: a few
+    # calls at once after a pause pass, a whole minute's at once does not.
+    return Limit(key=key, rate_per_s=per_minute / 60, burst=max(1, math.ceil(per_minute / 12)))
 
 
 def request_parts(tool: ToolEntry, arguments: dict) -> tuple[str, dict, bytes | None]:
@@ -303,14 +368,20 @@ def request_parts(tool: ToolEntry, arguments: dict) -> tuple[str, dict, bytes | 
             raise ReachError("invalid_input", f"The argument {name!r} is required (it is part "
                              "of the tool's URL).", details={name: ["is required"]})
         used.add(name)
-        return quote(_text(arguments[name]), safe="")
+        text = _text(arguments[name])
+        if text in ("", ".", ".."):
+            # A dot segment would climb the service's path (/users/{id} -> /).
+            raise ReachError("invalid_input", f"The argument {name!r} cannot be "
+                             f"{text!r}: it is a part of the tool's URL.",
+                             details={name: ["must not be empty, '.' or '..'"]})
+        return quote(text, safe="")
 
     url = _PLACEHOLDER.sub(fill, tool.url_template)
     rest = {k: v for k, v in arguments.items() if k not in used}
     query = {k: _text(rest.pop(k)) for k in tool.query_arguments if k in rest}
     body = None
     if tool.method in _BODY_METHODS:
-        body = orjson.dumps(rest)
+        body = _dumps(rest)
     else:
         query.update({k: _text(v) for k, v in rest.items()})
     return url, query, body
@@ -323,7 +394,7 @@ def _text(value) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
-    return orjson.dumps(value).decode()
+    return _dumps(value).decode()
 
 
 def _result(content_type: str, raw: bytes):
@@ -355,6 +426,10 @@ def manual(tool: ToolEntry) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def _capped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
 def parameters(tool: ToolEntry) -> dict:
     schema = _plain(tool.input_schema) or {}
     return {"type": "object", "properties": {}, **schema}
@@ -368,11 +443,14 @@ def _plain(value):
     return value
 
 
+OPENAI_DESCRIPTION_MAX = 1024  # OpenAI refuses a request with a longer one
+
+
 def listing(tools: list[ToolEntry], fmt: str | None) -> dict:
     if fmt == "openai":
         return {"tools": [{"type": "function", "function": {
-            "name": t.name, "description": manual(t), "parameters": parameters(t)}}
-            for t in tools]}
+            "name": t.name, "description": _capped(manual(t), OPENAI_DESCRIPTION_MAX),
+            "parameters": parameters(t)}} for t in tools]}
     return {"tools": [{
         "name": t.name, "display_name": t.display_name or t.name,
         "description": t.description, "when_to_use": t.when_to_use,

@@ -77,6 +77,15 @@ def circuit_breakers() -> CircuitBreakers:
     )
 
 
+def tool_digest_key() -> bytes:
+    """The key of the tool calls' argument digests (``gateway.tools.digest``): derived
+    from the secret key, the same in every process, useless for anything else."""
+    import hashlib
+
+    return hashlib.sha256(b"reach tool-call argument digest\x00"
+                          + settings.SECRET_KEY.encode()).digest()
+
+
 def tool_breakers() -> CircuitBreakers:
     """One breaker per tool, with the agents' settings (and no instance to count)."""
     return CircuitBreakers(
@@ -115,7 +124,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                           engine=engine_settings(None) if run_tasks else None,
                           tunnels=TunnelHub(table=table, authenticate=agent_of_token),
                           route_feedback=route_feedback, ready=ready,
-                          tool_breakers=tool_breakers(), authenticate_agent=agent_of_token)
+                          tool_breakers=tool_breakers(), authenticate_agent=agent_of_token,
+                          tool_digest_key=tool_digest_key())
 
     prefix = settings.REDIS_KEY_PREFIX
     client = redis_client(settings.REDIS_URL)
@@ -152,7 +162,8 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
                                         directory=RedisDirectory(client, prefix),
                                         relay=channel_layer()),
                       route_feedback=route_feedback, ready=ready,
-                          tool_breakers=tool_breakers(), authenticate_agent=agent_of_token)
+                          tool_breakers=tool_breakers(), authenticate_agent=agent_of_token,
+                          tool_digest_key=tool_digest_key())
 
 
 BREAKERS_TTL_S = 10

@@ -229,15 +229,13 @@ class Capability(models.Model):
                 raise ValidationError({name: f"At most {MAX_HINTS} entries."})
             if any(len(v) > MAX_HINT_CHARS for v in value):
                 raise ValidationError({name: f"Each entry at most {MAX_HINT_CHARS} characters."})
-        from jsonschema import Draft202012Validator
-        from jsonschema.exceptions import SchemaError
+        from reach_core.schemas import schema_problems
 
         errors = {}
         for field in ("input_schema", "output_schema"):
-            try:
-                Draft202012Validator.check_schema(getattr(self, field) or {})
-            except SchemaError as exc:
-                errors[field] = f"Not a valid JSON Schema: {exc.message}"
+            problems = schema_problems(getattr(self, field) or {})
+            if problems:
+                errors[field] = "; ".join(problems)
         if errors:
             raise ValidationError(errors)
 

@@ -9,14 +9,18 @@ agents never see it, no API or admin page renders it.
 
 from __future__ import annotations
 
+import re
+
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from reach_core.schemas import schema_problems
 from reach_platform.scoping import TenantScopedQuerySet
 from tenants.choices import CredentialKind
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}")
 METHODS = [(m, m) for m in ("GET", "POST", "PUT", "PATCH", "DELETE")]
 AUTH_KINDS = [("none", "None"), *CredentialKind.choices]
 
@@ -86,6 +90,14 @@ class Tool(models.Model):
         problems = {}
         if self.input_schema and self.input_schema.get("type", "object") != "object":
             problems["input_schema"] = "must describe an object (the arguments)"
+        for name in ("input_schema", "output_schema"):
+            found = schema_problems(getattr(self, name) or {})
+            if found:
+                problems[name] = "; ".join(found)
+        if any(c in self.auth_field_name for c in "\r\n\x00:") or (
+                self.auth_field_name and not _TOKEN.fullmatch(self.auth_field_name)):
+            problems["auth_field_name"] = "must be a header or parameter name (letters, " \
+                "digits and !#$%&'*+-.^_`|~)"
         if not isinstance(self.examples, list):
             problems["examples"] = "must be a list"
         if not isinstance(self.query_arguments, list) or not all(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from tenants import crypto
@@ -13,6 +14,8 @@ def tool_set_secret(*, tool: Tool, secret: str | None) -> Tool:
     one. A stored secret and ``value_env`` exclude each other: setting one clears the
     other."""
     if secret:
+        if any(c in secret for c in "\r\n\x00"):
+            raise ValidationError({"secret": "must not contain line breaks or NUL"})
         tool.secret_ciphertext = crypto.encrypt(secret)
         tool.value_env = ""
     elif tool.value_env:

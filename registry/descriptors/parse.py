@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 from rest_framework.exceptions import ParseError
 
+from reach_core.schemas import schema_problems
 from reach_platform.parsers import MAX_DEPTH, check_document
 from registry.descriptors import schemas
 from registry.descriptors.flat import as_json_schema
@@ -406,6 +407,10 @@ def _check_json_schema(path: str, schema: dict[str, Any], problems: Problems) ->
     except SchemaError as exc:
         inner = f" (at {_path(exc.absolute_path)})" if exc.absolute_path else ""
         _add(problems, path, f"not a valid JSON Schema: {exc.message}{inner}")
+        return
+    # Followed only within itself, patterns the gateway's engine compiles.
+    for problem in schema_problems(schema):
+        _add(problems, path, problem)
 
 
 def _liveness(raw: object, problems: Problems,

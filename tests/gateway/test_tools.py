@@ -77,16 +77,17 @@ def inventory():
 
 
 def stock_tool(tenant, url: str, **kw) -> Tool:
-    return tool_save(tool=Tool(
-        owner_tenant=tenant, name=kw.pop("name", "stock-lookup"),
-        description="Current stock of one article.",
-        when_to_use="Someone asks whether an article is available.",
-        when_not_to_use="Prices or delivery dates.",
-        input_schema={"type": "object", "required": ["sku"], "additionalProperties": False,
-                      "properties": {"sku": {"type": "string", "pattern": "^[A-Z]-[0-9]+$"}}},
-        examples=[{"arguments": {"sku": "A-100"}, "use": "stock of article A-100"}],
-        url_template=url + "/stock/{sku}", method="GET", auth_kind="header",
-        auth_field_name="X-Api-Key", **kw), secret=SECRET)
+    fields = {
+        "name": "stock-lookup", "description": "Current stock of one article.",
+        "when_to_use": "Someone asks whether an article is available.",
+        "when_not_to_use": "Prices or delivery dates.",
+        "input_schema": {"type": "object", "required": ["sku"],
+                         "additionalProperties": False, "properties": {
+                             "sku": {"type": "string", "pattern": "^[A-Z]-[0-9]+$"}}},
+        "examples": [{"arguments": {"sku": "A-100"}, "use": "stock of article A-100"}],
+        "url_template": url + "/stock/{sku}", "method": "GET", "auth_kind": "header",
+        "auth_field_name": "X-Api-Key", **kw}
+    return tool_save(tool=Tool(owner_tenant=tenant, **fields), secret=SECRET)
 
 
 def agent_token(gateway, name: str) -> str:
@@ -225,14 +226,14 @@ def test_three_agents_share_the_tools_quota_and_each_has_its_own(gateway, invent
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(hammer, [0, 0, 1, 1, 2, 2]))
     elapsed = time.monotonic() - started
-    # Each caller: its bucket (4 tokens) plus 4/s; all three: the tool's 10 plus 10/s,
-    # less than the three callers' 3 x (4 + 4/s) could take.
-    per_caller_cap = 4 + 4 * elapsed
+    # Each caller: its bucket (five seconds' worth: 20) plus 4/s; all three: the tool's 50
+    # plus 10/s, less than the three callers' 3 x (20 + 4/s) could take.
+    per_caller_cap = 20 + 4 * elapsed
     for count in admitted.values():
         assert count <= per_caller_cap * 1.05
-    total_cap = 10 + 10 * elapsed
+    total_cap = 50 + 10 * elapsed
     assert sum(admitted.values()) <= total_cap * 1.05
-    assert sum(admitted.values()) >= (10 + 10 * seconds) * 0.95
+    assert sum(admitted.values()) >= (50 + 10 * seconds) * 0.95
 
 
 @pytest.mark.django_db(transaction=True)
@@ -383,3 +384,118 @@ def test_a_tools_secret_appears_in_no_response_page_log_or_error(
     for text in seen:
         assert SECRET not in text and ciphertext not in text
     assert inventory.seen[0]["headers"]["x-api-key"] == SECRET  # it was used, all along
+
+
+class Echoing:
+    """A service that echoes what it was asked (path, query, headers) and, for
+    ``/big``, answers 300 KiB of JSON."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.hits.append(self.path)
+                if self.path.startswith("/big"):
+                    body = json.dumps({"items": ["x" * 100] * 3000}).encode()
+                else:
+                    body = json.dumps({"path": self.path,
+                                       "headers": dict(self.headers)}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_the_break_test_found_stays_fixed(gateway):
+    """Schemas that fetch or backtrack, dot segments, echoed secrets, long answers, one
+    caller starving the others, deep nesting and half-made grants."""
+    from reach_core.schemas import schema_problems
+    from tests import factories
+    from tests.conftest import key_client
+
+    echo = Echoing()
+    try:
+        manage = key_client(factories.api_key(tenant=gateway.tenant).plaintext)
+        # A schema reaching outside itself, or with a pattern the engine refuses: 400.
+        for schema in ({"type": "object", "properties": {"a": {
+                "$ref": f"{echo.url}/schema"}}},
+                       {"type": "object", "properties": {"a": {"pattern": "("}}},
+                       {"type": "nonsense"}):
+            refused = manage.post("/api/v1/tools/", {
+                "name": "bad-schema", "description": "d", "input_schema": schema,
+                "url_template": echo.url + "/x"}, format="json")
+            assert refused.status_code == 400, refused.content
+            assert "input_schema" in refused.json()["error"]["details"]
+        assert echo.hits == []
+        assert schema_problems({"type": "object", "properties": {
+            "a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"type": "string"}}}) == []
+        # A backtracking pattern is answered at once (the regex engine, with a limit).
+        slow = stock_tool(gateway.tenant, echo.url, name="backtracking",
+                          input_schema={"type": "object", "properties": {
+                              "sku": {"type": "string", "pattern": "(a+)+$"}}})
+        token = agent_token(gateway, "scripted")
+        wait_for_tool(gateway.base, token, name="backtracking")
+        started = time.monotonic()
+        reply = tool_call(gateway.base, token, {"sku": "a" * 40 + "!"}, name="backtracking")
+        assert reply.status_code == 400 and time.monotonic() - started < 5
+        # Dot segments never climb the service's path.
+        assert tool_call(gateway.base, token, {"sku": ".."}, name="backtracking")\
+            .status_code == 400
+        assert all(".." not in hit for hit in echo.hits)
+        # The key in the query, echoed by the service, does not reach the caller.
+        tool_save(tool=Tool(owner_tenant=gateway.tenant, name="echo-query",
+                            description="d", url_template=echo.url + "/echo",
+                            auth_kind="query", auth_field_name="token"),
+                  secret=SECRET)
+        tool_save(tool=Tool(owner_tenant=gateway.tenant, name="big", description="d",
+                            url_template=echo.url + "/big"))
+        wait_for_tool(gateway.base, token, name="big")
+        echoed = tool_call(gateway.base, token, {}, name="echo-query")
+        assert echoed.status_code == 200 and SECRET not in echoed.text
+        assert "[redacted]" in echoed.text
+        # A long answer comes whole.
+        big = tool_call(gateway.base, token, {}, name="big").json()
+        assert len(big["result"]["items"]) == 3000
+        # Deeply nested arguments: a clear 400, not a 500.
+        deep: dict = {}
+        for _ in range(300):
+            deep = {"a": deep}
+        nested = tool_call(gateway.base, token, deep, name="big")
+        assert nested.status_code in (200, 400), nested.text
+        # A grant to nobody, or to both a tenant and an agent: 400, not 500.
+        for grant in ({"tool": slow.pk}, {"tool": slow.pk, "tenant": gateway.tenant.slug,
+                                          "agent": Agent.objects.get(name="scripted").pk}):
+            assert manage.post("/api/v1/tool-grants/", grant, format="json")\
+                .status_code == 400
+    finally:
+        echo.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_caller_over_its_own_quota_does_not_spend_the_shared_one(gateway, inventory):
+    from tests import factories
+
+    # 60 a minute in total (a bucket of 5), 12 a minute per caller (a bucket of 1).
+    stock_tool(gateway.tenant, inventory.url, calls_per_minute=60, caller_calls_per_minute=12)
+    factories.agent(owner=gateway.tenant, name="quiet-caller")
+    noisy, quiet = agent_token(gateway, "scripted"), agent_token(gateway, "quiet-caller")
+    wait_for_tool(gateway.base, noisy)
+    codes = [tool_call(gateway.base, noisy, {"sku": "A-1"}).status_code for _ in range(30)]
+    assert codes.count(200) == 1  # its own bucket of one, then refused by its quota
+    # The refused calls took nothing from the total: the quiet caller is served.
+    assert tool_call(gateway.base, quiet, {"sku": "A-1"}).status_code == 200

@@ -55,6 +55,11 @@ class ToolSerializer(CleanModelSerializer):
             raise serializers.ValidationError(str(exc)) from exc
         return value
 
+    def validate_secret(self, value: str) -> str:
+        if any(c in value for c in "\r\n\x00"):
+            raise serializers.ValidationError("must not contain line breaks or NUL")
+        return value
+
     def validate(self, attrs):
         attrs = super().validate(attrs)
         if attrs.get("secret") and attrs.get("value_env"):
@@ -86,3 +91,12 @@ class ToolGrantSerializer(CleanModelSerializer):
         model = ToolGrant
         fields = ["id", "tool", "tenant", "agent", "created_at"]
         read_only_fields = ["id", "created_at"]
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        tenant = attrs.get("tenant", getattr(self.instance, "tenant", None))
+        agent = attrs.get("agent", getattr(self.instance, "agent", None))
+        if (tenant is None) == (agent is None):
+            raise serializers.ValidationError(
+                {"tenant": "Grant to a tenant or to an agent: exactly one of them."})
+        return attrs
