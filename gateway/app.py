@@ -21,6 +21,7 @@ directly around a hand-made table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,7 +37,15 @@ from gateway.calls import Caller
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.governance import Governor
-from gateway.http_io import header, parse_json, read_body, send_bytes, send_error, send_json
+from gateway.http_io import (
+    header,
+    parse_json,
+    read_body,
+    require_json,
+    send_bytes,
+    send_error,
+    send_json,
+)
 from gateway.idempotency import MemoryStore
 from gateway.limits import InProcessLimiter
 from gateway.mcp import PROTOCOL_VERSIONS as MCP_VERSIONS
@@ -326,13 +335,7 @@ class GatewayApp:
         """A call through the pipeline, unless this process is already at its limit of
         calls in flight (``LoadShedder``): then 503 overloaded at once, before anything
         else is spent on it."""
-        shedder = self.shedder
-        if shedder.in_flight >= shedder.limit:
-            SHED.inc()
-            raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
-                             f"({shedder.limit} now); retry shortly.")
-        shedder.in_flight += 1
-        try:
+        with self.shedder.admitted():
             request = await self._request(request_id, scope, receive, send)
             internal = self._internal(scope)
             if self.route_feedback is None:
@@ -350,8 +353,6 @@ class GatewayApp:
                 raise
             self._after_call(request, calls, outcome)
             return outcome
-        finally:
-            shedder.in_flight -= 1
 
     def _after_call(self, request: Request, calls: list, outcome: str) -> None:
         """Feed the route-feedback inference (see ``gateway.route_feedback``)."""
@@ -463,23 +464,14 @@ class GatewayApp:
         return Outcome.SUCCESS
 
     async def _tool_call(self, request_id, scope, receive, send) -> str:
-        shedder = self.shedder
-        if shedder.in_flight >= shedder.limit:
-            SHED.inc()
-            raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
-                             f"({shedder.limit} now); retry shortly.")
-        shedder.in_flight += 1
-        try:
+        with self.shedder.admitted():
             table, who = await self._tool_caller(scope)
             tool = self.tools.tool(table, who, scope["reach.tool"])
             deadline = header(scope, b"x-reach-deadline-ms")
 
             async def arguments() -> dict:
                 # Read inside the call: a body refused here is audited as the tool's call.
-                content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
-                if content_type.lower() != "application/json":
-                    raise ReachError("unsupported_media_type", "Send the request body as "
-                                     "Content-Type: application/json.")
+                require_json(scope)
                 if deadline is not None and (not deadline.isdigit() or int(deadline) < 1):
                     raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
                                      "integer (milliseconds).")
@@ -495,8 +487,6 @@ class GatewayApp:
             reply = await self.tools.call(
                 table, who, tool, arguments, request_id=request_id,
                 deadline_ms=int(deadline) if deadline and deadline.isdigit() else None)
-        finally:
-            shedder.in_flight -= 1
         await send_json(send, 200, reply, request_id)
         return Outcome.SUCCESS
 
@@ -507,10 +497,7 @@ class GatewayApp:
         if version is not None and version not in MCP_VERSIONS:
             raise ReachError("bad_request", f"MCP-Protocol-Version {version[:40]!r} is not "
                              f"served; this server speaks {', '.join(MCP_VERSIONS)}.")
-        content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
-        if content_type.lower() != "application/json":
-            raise ReachError("unsupported_media_type",
-                             "Send the JSON-RPC message as Content-Type: application/json.")
+        require_json(scope, "the JSON-RPC message")
         raw = await read_body(scope, receive, self.config.max_body_bytes)
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         agents = [value.lower() for value in query.get("agents", ["false"])]
@@ -633,6 +620,20 @@ class LoadShedder:
     CUT_AFTER_TICKS = 3
     SETTLE_S = 0.1
     FLOOR = 32
+
+    @contextlib.contextmanager
+    def admitted(self):
+        """One call in flight for as long as the block runs; 503 overloaded at once when
+        the process is at its limit (counted in ``reach_shed_total``)."""
+        if self.in_flight >= self.limit:
+            SHED.inc()
+            raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
+                             f"({self.limit} now); retry shortly.")
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     def __init__(self, *, max_in_flight: int, max_loop_lag_s: float) -> None:
         self.max_in_flight = max_in_flight

@@ -66,6 +66,14 @@ def parse_json(raw: bytes) -> dict:
 _KEY_END = re.compile(rb'"\s*:')
 
 
+def require_json(scope, what: str = "the request body") -> None:
+    """415 unless the request says its body is JSON (every door that reads one)."""
+    content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
+    if content_type.lower() != "application/json":
+        raise ReachError("unsupported_media_type",
+                         f"Send {what} as Content-Type: application/json.")
+
+
 def _count_keys(value) -> int:
     # Iterative: a body nested as deep as the parser allows (1,024) must not hit
     # Python's recursion limit.

@@ -21,7 +21,8 @@ import orjson
 from gateway import doors
 from gateway.calls import CallContext
 from gateway.pipeline import Pipeline
-from gateway.tools import ToolCaller, ToolDoors, manual, parameters
+from gateway.protocols.base import thaw
+from gateway.tools import ToolCaller, ToolDoors, as_text, manual, parameters
 from reach_core.errors import ReachError
 from routing.router import visible_to
 from routing.table import RouteTable
@@ -107,7 +108,7 @@ class McpServer:
                     "description": (capability.description or agent.description
                                     or capability.capability_id),
                     "inputSchema": {"type": "object", "properties": {},
-                                    **_plain(capability.input_schema)}})
+                                    **thaw(capability.input_schema)}})
         return listed
 
     async def _call(self, table, who, ident, name: str, arguments, with_agents: bool,
@@ -120,7 +121,7 @@ class McpServer:
             except ReachError as error:  # the tool failed: a result the model can read
                 return _result(ident, _failed(error, request_id))
             return _result(ident, {
-                "content": [{"type": "text", "text": _text(reply["result"])}],
+                "content": [{"type": "text", "text": as_text(reply["result"])}],
                 "structuredContent": reply, "isError": not reply["ok"]})
         if with_agents and name.startswith(CAPABILITY_PREFIX):
             found = capability_tools(table, who.tenant_pk).get(name)
@@ -147,7 +148,7 @@ class McpServer:
         except ReachError as error:
             return _failed(error, request_id)
         answer = doors.agent_response(result)
-        return {"content": [{"type": "text", "text": _text(answer["output"])}],
+        return {"content": [{"type": "text", "text": as_text(answer["output"])}],
                 "structuredContent": answer, "isError": False}
 
 
@@ -172,18 +173,6 @@ def capability_tools(table: RouteTable, tenant_pk: int) -> dict[str, tuple]:
 def _failed(error: ReachError, request_id: str) -> dict:
     return {"content": [{"type": "text", "text": f"{error.code}: {error.message}"}],
             "structuredContent": error.body(request_id), "isError": True}
-
-
-def _text(value) -> str:
-    return value if isinstance(value, str) else orjson.dumps(_plain(value)).decode()
-
-
-def _plain(value):
-    if hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _result(ident, result: dict) -> dict:

@@ -42,7 +42,14 @@ from gateway.budgets import Amount
 from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.governance import Governor
-from gateway.http_io import header, read_body, send_bytes, send_json, sse_headers
+from gateway.http_io import (
+    header,
+    read_body,
+    require_json,
+    send_bytes,
+    send_json,
+    sse_headers,
+)
 from gateway.inputs import Defaults, canonical_input
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
@@ -169,14 +176,10 @@ class Pipeline:
             started=time.monotonic(), budget_ms=0, caller_budget_ms=None,
             idempotency_key=None)
         request.ctx = ctx
-        tracing.call_started(ctx, f"{request.scope['method']} {request.scope['path']}",
-                             request.header(b"traceparent"), request.header(b"tracestate"))
+        tracing.call_started(ctx, request.scope)
         async with self._metered(ctx) as metering:
             # Inside the metering: a wrong body is an authenticated call that failed.
-            content_type = (request.header(b"content-type") or "").split(";")[0].strip()
-            if content_type.lower() != "application/json":
-                raise ReachError("unsupported_media_type",
-                                 "Send the request body as Content-Type: application/json.")
+            require_json(request.scope)
             request.raw = await read_body(request.scope, request.receive,
                                           self.config.max_body_bytes)
             self._read_headers(request, ctx)

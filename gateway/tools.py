@@ -36,6 +36,7 @@ from gateway.breaker import CircuitBreakers
 from gateway.calls import Caller
 from gateway.limits import Limit
 from gateway.metrics import TOOL_CALL_DURATION, TOOL_CALLS
+from gateway.protocols.base import thaw
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
@@ -187,7 +188,7 @@ class ToolDoors:
         headers = {"accept": "application/json"}
         if body is not None:
             headers["content-type"] = "application/json"
-        ssl_context = self._authenticate_upstream(tool, headers, query)
+        ssl_context, secret = self._authenticate_upstream(tool, headers, query)
         attempts = 0
         while True:
             attempts += 1
@@ -196,7 +197,7 @@ class ToolDoors:
                 raise _timed_out(caller_bound, budget_ms)
             try:
                 status, result = await self._send(tool, url, query, headers, body,
-                                                  ssl_context, remaining)
+                                                  ssl_context, remaining, secret)
             except _Retryable as failure:
                 self.breakers.record(tool.pk, ok=False)
                 # The one safe retry: only when the service never had the request (the
@@ -215,7 +216,7 @@ class ToolDoors:
                                  details={"status": status})
             self.breakers.record(tool.pk, ok=True)
             return {"ok": status < 400, "status": status,
-                    "result": _redacted(result, self._secret_of(tool)), "attempts": attempts}
+                    "result": result, "attempts": attempts}
 
     async def _admit(self, who: ToolCaller, tool: ToolEntry) -> None:
         """The caller's quota first, then the tool's total: a caller over its own quota
@@ -236,22 +237,15 @@ class ToolDoors:
                              f"retry after {verdict.retry_after_s:g} s.",
                              retry_after=max(1, math.ceil(verdict.retry_after_s)))
 
-    def _secret_of(self, tool: ToolEntry) -> str | None:
-        if tool.auth_kind in ("none", "mtls"):
-            return None
-        try:
-            return self.caller.credentials.secret(tool)
-        except ReachError:
-            return None
-
     def _authenticate_upstream(self, tool: ToolEntry, headers: dict, query: dict):
-        """The tool's credential, applied here and nowhere else."""
+        """The tool's credential, applied here and nowhere else: ``(an mTLS context or
+        None, the secret sent or None)``."""
         if tool.auth_kind == "none":
-            return None
+            return None, None
         credentials = self.caller.credentials
         if tool.auth_kind == "mtls":
             return credentials.client_ssl(tool.client_cert_path, tool.client_key_path,
-                                          tool.value_env, tool.ca_file)
+                                          tool.value_env, tool.ca_file), None
         secret = credentials.secret(tool)
         if not secret:
             raise ReachError("service_unavailable", f"The tool {tool.name!r} has no secret "
@@ -262,10 +256,11 @@ class ToolDoors:
             headers[tool.auth_field_name.lower()] = secret
         elif tool.auth_kind == "query":
             query[tool.auth_field_name] = secret
-        return None
+        return None, secret
 
     async def _send(self, tool: ToolEntry, url: str, query: dict, headers: dict,
-                    body: bytes | None, ssl_context, remaining_s: float):
+                    body: bytes | None, ssl_context, remaining_s: float,
+                    secret: str | None = None):
         pools = self.caller.pools
         session = pools.session(-tool.pk, POOL_CONNECTIONS, 90)
         try:
@@ -282,7 +277,7 @@ class ToolDoors:
                                        allow_redirects=False,
                                        ssl=ssl_context if ssl_context is not None else True
                                        ) as response:
-                raw = await _read_all(response, RESULT_MAX_BYTES)
+                raw = _redacted(await _read_all(response, RESULT_MAX_BYTES), secret)
                 return response.status, _result(response.content_type, raw)
         except aiohttp.ClientConnectorError as exc:
             raise _Retryable("upstream_error", f"cannot connect to the tool's service "
@@ -334,15 +329,12 @@ def _timed_out(caller_bound: bool, budget_ms: int) -> ReachError:
     return ReachError("upstream_timeout", f"The tool did not answer within {budget_ms} ms.")
 
 
-def _redacted(result, secret: str | None):
+def _redacted(raw: bytes, secret: str | None) -> bytes:
     """The answer without the tool's secret, should the service echo it back (a URL
-    with the key in its query, a header dump)."""
+    with the key in its query, a header dump): replaced in the bytes, before parsing."""
     if not secret or len(secret) < 4:
-        return result
-    text = _dumps(result)
-    if secret.encode() not in text:
-        return result
-    return json.loads(text.replace(secret.encode(), b"[redacted]"))
+        return raw
+    return raw.replace(secret.encode(), b"[redacted]")
 
 
 class _Retryable(Exception):
@@ -368,7 +360,7 @@ def request_parts(tool: ToolEntry, arguments: dict) -> tuple[str, dict, bytes | 
             raise ReachError("invalid_input", f"The argument {name!r} is required (it is part "
                              "of the tool's URL).", details={name: ["is required"]})
         used.add(name)
-        text = _text(arguments[name])
+        text = as_text(arguments[name])
         if text in ("", ".", ".."):
             # A dot segment would climb the service's path (/users/{id} -> /).
             raise ReachError("invalid_input", f"The argument {name!r} cannot be "
@@ -378,16 +370,16 @@ def request_parts(tool: ToolEntry, arguments: dict) -> tuple[str, dict, bytes | 
 
     url = _PLACEHOLDER.sub(fill, tool.url_template)
     rest = {k: v for k, v in arguments.items() if k not in used}
-    query = {k: _text(rest.pop(k)) for k in tool.query_arguments if k in rest}
+    query = {k: as_text(rest.pop(k)) for k in tool.query_arguments if k in rest}
     body = None
     if tool.method in _BODY_METHODS:
         body = _dumps(rest)
     else:
-        query.update({k: _text(v) for k, v in rest.items()})
+        query.update({k: as_text(v) for k, v in rest.items()})
     return url, query, body
 
 
-def _text(value) -> str:
+def as_text(value) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -421,7 +413,7 @@ def manual(tool: ToolEntry) -> str:
     for example in tool.examples[:1]:
         if isinstance(example, dict | type(tool.input_schema)) and "arguments" in example:
             use = f" ({example['use']})" if example.get("use") else ""
-            arguments = orjson.dumps(_plain(example["arguments"])).decode()
+            arguments = orjson.dumps(thaw(example["arguments"])).decode()
             parts.append(f"Example{use}: {arguments}")
     return "\n".join(p for p in parts if p)
 
@@ -431,16 +423,8 @@ def _capped(text: str, limit: int) -> str:
 
 
 def parameters(tool: ToolEntry) -> dict:
-    schema = _plain(tool.input_schema) or {}
+    schema = thaw(tool.input_schema) or {}
     return {"type": "object", "properties": {}, **schema}
-
-
-def _plain(value):
-    if hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
 
 
 OPENAI_DESCRIPTION_MAX = 1024  # OpenAI refuses a request with a longer one
@@ -455,5 +439,5 @@ def listing(tools: list[ToolEntry], fmt: str | None) -> dict:
         "name": t.name, "display_name": t.display_name or t.name,
         "description": t.description, "when_to_use": t.when_to_use,
         "when_not_to_use": t.when_not_to_use, "input_schema": parameters(t),
-        "output_description": t.output_description, "examples": _plain(t.examples),
+        "output_description": t.output_description, "examples": thaw(t.examples),
         "timeout_ms": t.timeout_ms} for t in tools]}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from gateway.http_io import header
 from reach_core.kinds import reason_of
 
 if TYPE_CHECKING:
@@ -73,17 +74,20 @@ def use(provider) -> None:
     _propagator = TraceContextTextMapPropagator()
 
 
-def call_started(ctx: CallContext, name: str, traceparent: str | None,
-                 tracestate: str | None) -> None:
-    """The call's span, child of the caller's ``traceparent`` when it sent one."""
-    ctx.traceparent, ctx.tracestate = traceparent, tracestate
+def call_started(ctx: CallContext, scope: dict) -> None:
+    """The call's span, child of the caller's ``traceparent`` when it sent one (read on
+    every call, traced or not: it travels to the agent either way)."""
+    traceparent = header(scope, b"traceparent")
+    if traceparent is not None:
+        ctx.traceparent, ctx.tracestate = traceparent, header(scope, b"tracestate")
     if _tracer is None:
         return
     from opentelemetry.trace import SpanKind
 
-    carrier = {"traceparent": traceparent or "", "tracestate": tracestate or ""}
+    carrier = {"traceparent": traceparent or "", "tracestate": ctx.tracestate or ""}
     ctx.span = _tracer.start_span(
-        name, context=_propagator.extract(carrier), kind=SpanKind.SERVER,
+        f"{scope['method']} {scope['path']}", context=_propagator.extract(carrier),
+        kind=SpanKind.SERVER,
         attributes={"reach.tenant": ctx.tenant_slug, "reach.request_id": ctx.request_id})
 
 

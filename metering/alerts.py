@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections import Counter
 
 import orjson
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from metering.budgets import budgets_check
 from metering.models import Alert, AlertDelivery, AlertKind, BudgetAlert
-from reach_core.endpoints import EndpointRefused
 from reach_core.kinds import InstanceState
-from reach_platform.endpoints import endpoint_policy
-from reach_platform.outbound import FetchFailed, bounded_request
 from registry.models import Agent, Instance
-from tasks.callbacks import ANSWER_MAX_BYTES, signature
+from tasks.callbacks import signed_post
 from tasks.models import SigningSecret
 from tasks.services import deliveries_claim, delivery_record, signing_secret_value
 
@@ -153,26 +148,10 @@ def alert_send(delivery: AlertDelivery) -> tuple[int | None, str]:
     secret = _secret(alert.tenant_id)
     if secret is None:
         return None, "the tenant has no signing secret named 'alerts' or 'default'"
-    body = alert_body(delivery)
-    timestamp = str(int(time.time()))
-    headers = (
-        (b"Content-Type", b"application/json"),
+    return signed_post(url, secret, alert_body(delivery), (
         (b"X-Reach-Delivery", str(delivery.pk).encode()),
         (b"X-Reach-Alert", str(alert.pk).encode()),
-        (b"X-Reach-Event", delivery.event.encode()),
-        (b"X-Reach-Timestamp", timestamp.encode()),
-        (b"X-Reach-Signature", signature(secret, timestamp, body).encode()),
-    )
-    try:
-        answer = bounded_request("POST", url, endpoint_policy(), max_bytes=ANSWER_MAX_BYTES,
-                                 deadline_s=settings.CALLBACK_TIMEOUT_S,
-                                 connect_timeout_s=min(2.0, settings.CALLBACK_TIMEOUT_S),
-                                 headers=headers, body=body)
-    except EndpointRefused as exc:
-        return None, f"refused by the endpoint policy: {exc}"
-    except (FetchFailed, OSError) as exc:
-        return None, str(exc) or type(exc).__name__
-    return answer.status, "" if 200 <= answer.status < 300 else f"HTTP {answer.status}"
+        (b"X-Reach-Event", delivery.event.encode())))
 
 
 def deliver_alerts(*, limit: int = 32) -> dict[str, int]:

@@ -78,16 +78,14 @@ def open_breakers_now() -> dict[int, str] | None:
     the embedded gateway's own, or what each gateway publishes to Redis every 2 s
     (``gateway_factory.publish_breakers``). None when it cannot be read."""
     if not settings.REDIS_URL:
-        asgi = sys.modules.get("reach_platform.asgi")
-        gateway = getattr(asgi, "gateway_application", None)
+        gateway = _embedded_gateway()
         if gateway is None:
             return None
         return {pk: str(state) for pk, state in gateway.breakers.states().items()}
     import orjson
     import redis
 
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
-                                  socket_connect_timeout=1)
+    client = _redis()
     merged: dict[int, str] = {}
     try:
         for key in client.scan_iter(f"{settings.REDIS_KEY_PREFIX}breakers:*", count=100):
@@ -119,13 +117,24 @@ def _visible_instances(request):
         agent__owner_tenant_id__in=tenant_ids)
 
 
+def _embedded_gateway():
+    """The gateway serving in this very process (the embedded mode), if one does."""
+    return getattr(sys.modules.get("reach_platform.asgi"), "gateway_application", None)
+
+
+def _redis():
+    import redis
+
+    # The console answers with "unreadable" rather than wait on a Redis that hangs.
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+
+
 def usage_backlog() -> dict | None:
     """Usage events not yet stored: the gateway's queue in the embedded mode, the Redis
     stream's consumer-group lag (entries not yet read) and pending (read, not stored)
     in production. None when it cannot be read (Redis away)."""
     if not settings.REDIS_URL:
-        asgi = sys.modules.get("reach_platform.asgi")
-        gateway = getattr(asgi, "gateway_application", None)
+        gateway = _embedded_gateway()
         if gateway is None or gateway.usage is None:
             return None
         return {"waiting": len(gateway.usage), "pending": 0, "where": "gateway queue"}
@@ -133,8 +142,7 @@ def usage_backlog() -> dict | None:
 
     from metering.ingest import GROUP, STREAM
 
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1,
-                                  socket_connect_timeout=1)
+    client = _redis()
     try:
         groups = {g["name"].decode(): g for g in client.xinfo_groups(STREAM())}
     except redis.ResponseError:

@@ -62,10 +62,16 @@ class CapabilityEntry:
     def __post_init__(self) -> None:
         # Callers pass the JSON lists and objects they hold (an ORM row, a decoded
         # snapshot); a shared table must not be changeable through them.
-        for name in _CAPABILITY_JSON_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, dict | list):
-                object.__setattr__(self, name, freeze(value))
+        _freeze_json(self, _CAPABILITY_JSON_FIELDS)
+
+
+def _freeze_json(entry, names: tuple[str, ...]) -> None:
+    """An entry's JSON lists and objects, as its caller passed them, made read-only: a
+    shared table must not be changeable through them."""
+    for name in names:
+        value = getattr(entry, name)
+        if isinstance(value, dict | list):
+            object.__setattr__(entry, name, freeze(value))
 
 
 # The fields that hold JSON lists and objects (all others are scalars): frozen on entry.
@@ -234,10 +240,7 @@ class ToolEntry:
     granted_agents: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        for name in ("input_schema", "output_schema", "examples", "query_arguments"):
-            value = getattr(self, name)
-            if isinstance(value, dict | list):
-                object.__setattr__(self, name, freeze(value))
+        _freeze_json(self, ("input_schema", "output_schema", "examples", "query_arguments"))
         for name in ("granted_tenants", "granted_agents"):
             value = getattr(self, name)
             if not isinstance(value, frozenset):

@@ -58,21 +58,25 @@ def delivery_send(delivery: CallbackDelivery) -> tuple[int | None, str]:
     task = delivery.task
     if task.signing_secret is None:
         return None, "the task's signing secret was deleted"
-    body = delivery_body(delivery)
+    return signed_post(task.callback_url, signing_secret_value(task.signing_secret),
+                       delivery_body(delivery), (
+                           (b"X-Reach-Delivery", str(delivery.pk).encode()),
+                           (b"X-Reach-Task", str(task.pk).encode()),
+                           (b"Idempotency-Key", task.idempotency_key.encode()),
+                           (b"X-Request-ID", task.request_id.encode())))
+
+
+def signed_post(url: str, secret: str, body: bytes,
+                headers: tuple[tuple[bytes, bytes], ...]) -> tuple[int | None, str]:
+    """One signed JSON POST under the endpoint policy (a task's callback, an alert):
+    ``(HTTP status or None, error text)``, a 2xx is an acknowledgement. Never raises for
+    the network."""
     timestamp = str(int(time.time()))
-    headers = (
-        (b"Content-Type", b"application/json"),
-        (b"X-Reach-Delivery", str(delivery.pk).encode()),
-        (b"X-Reach-Task", str(task.pk).encode()),
-        (b"X-Reach-Timestamp", timestamp.encode()),
-        (b"X-Reach-Signature",
-         signature(signing_secret_value(task.signing_secret), timestamp, body).encode()),
-        (b"Idempotency-Key", task.idempotency_key.encode()),
-        (b"X-Request-ID", task.request_id.encode()),
-    )
+    headers = ((b"Content-Type", b"application/json"), *headers,
+               (b"X-Reach-Timestamp", timestamp.encode()),
+               (b"X-Reach-Signature", signature(secret, timestamp, body).encode()))
     try:
-        answer = bounded_request("POST", task.callback_url, endpoint_policy(),
-                                 max_bytes=ANSWER_MAX_BYTES,
+        answer = bounded_request("POST", url, endpoint_policy(), max_bytes=ANSWER_MAX_BYTES,
                                  deadline_s=settings.CALLBACK_TIMEOUT_S,
                                  connect_timeout_s=min(2.0, settings.CALLBACK_TIMEOUT_S),
                                  headers=headers, body=body)
