@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench.upstream_clients import free_port, parse_wrk  # noqa: E402
 
 HOST = "127.0.0.1"
+SERVER_CPU, LOAD_CPU = 0, 1
 ECHO = b'{"reply":"hello from the mock agent","tokens":{"in":3,"out":5}}'
 SSE = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
                for i in range(4)) + b"data: [DONE]\n\n"
@@ -66,6 +67,53 @@ async def agent_app(scope, receive, send) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(ECHO)).encode())]})
     await send({"type": "http.response.body", "body": ECHO})
+
+
+_PASS_SESSION = None
+
+
+async def passthrough_app(scope, receive, send) -> None:
+    """The bare pass-through baseline: the gateway's own HTTP stack (uvicorn in, aiohttp
+    out, one keep-alive pool) and nothing else, no auth, routing or metering."""
+    global _PASS_SESSION
+    if scope["type"] != "http":
+        return
+    import aiohttp
+
+    if _PASS_SESSION is None:
+        _PASS_SESSION = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=90))
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    path = "/stream" if scope["path"] == "/v1/invoke" and b'"stream":true' in chunks[0] \
+        else "/echo"
+    async with _PASS_SESSION.post(f"http://{HOST}:{os.environ['BENCH_AGENT_PORT']}{path}",
+                                  data=b"".join(chunks)) as upstream:
+        headers = [(b"content-type", upstream.headers["content-type"].encode())]
+        if path == "/echo":
+            body = await upstream.read()
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": upstream.status,
+                        "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": upstream.status,
+                    "headers": headers})
+        async for chunk in upstream.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def pinned(command: list[str], cpu: int) -> list[str]:
+    """``command`` confined to one CPU (``taskset``), as the issue's method asks: proxy
+    and agent share core 0, the load generator has core 1."""
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return command
+    return ["taskset", "-c", str(cpu), *command]
 
 
 def wait_port(port: int, proc: subprocess.Popen, name: str) -> None:
@@ -95,8 +143,8 @@ def run_wrk(script: Path, port: int, threads: int, connections: int, duration: i
     if wrk is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
     return subprocess.run(
-        [wrk, f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s",
-         str(script), f"http://{HOST}:{port}/"],
+        pinned([wrk, f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s",
+         str(script), f"http://{HOST}:{port}/"], LOAD_CPU),
         capture_output=True, text=True, timeout=duration + 30, check=False,
     ).stdout
 
@@ -115,9 +163,38 @@ def first_event_ms(port: int, path: str, body: bytes, key: str | None) -> float:
         while b"data:" not in seen:
             chunk = sock.recv(65536)
             if not chunk:
-                raise RuntimeError(f"no SSE event from {path}: {seen[:200]!r}")
+                raise RuntimeError(f"no SSE event from {path}: {seen[:600]!r}")
             seen += chunk
         return (time.perf_counter() - started) * 1000
+
+
+def profile_start(pid: int, duration: int, out: str) -> subprocess.Popen:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(duration), "-r", "250",
+                             "-f", "raw", "--gil", "-o", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def print_profile(path: Path, top: int = 25) -> None:
+    """Top frames of py-spy's collapsed stacks: where the samples were (self) and which
+    frames they were under (total), as shares of all samples."""
+    own: dict[str, int] = {}
+    under: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            under[frame] = under.get(frame, 0) + n
+    for title, table in (("self", own), ("total", under)):
+        print(f"profile, top frames by {title} ({total} samples):")
+        for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {100 * n / max(1, total):5.1f}%  {frame}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -142,10 +219,12 @@ def setup_platform(env: dict, agent_port: int) -> str:
 
     tenant = Tenant.objects.create(slug="bench", name="Bench")
     endpoint = f"http://{HOST}:{agent_port}/"
-    agent_register(tenant=tenant, spec=AgentSpec(name="bench-echo", endpoint=endpoint,
-                   capabilities=(CapabilitySpec(capability_id="bench.echo", path="/echo"),)))
+    # A lease longer than the run: the mock agent does not heartbeat.
     agent_register(tenant=tenant, spec=AgentSpec(
-        name="bench-stream", protocol="openai", endpoint=endpoint,
+        name="bench-echo", endpoint=endpoint, lease_ttl_seconds=3600,
+        capabilities=(CapabilitySpec(capability_id="bench.echo", path="/echo"),)))
+    agent_register(tenant=tenant, spec=AgentSpec(
+        name="bench-stream", protocol="openai", endpoint=endpoint, lease_ttl_seconds=3600,
         capabilities=(CapabilitySpec(capability_id="bench.stream", path="/stream",
                                      kind="stream"),)))
     return api_key_create(tenant=tenant, name="bench", scopes=[ApiKeyScope.INVOKE]).plaintext
@@ -155,6 +234,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--sse-samples", type=int, default=300)
+    parser.add_argument("--profile", metavar="FILE", help="sample the gateway with py-spy "
+                        "during its concurrency-32 run; collapsed stacks to FILE, top frames "
+                        "printed (costs the gateway some CPU: figures of that run are off)")
     args = parser.parse_args()
 
     from cryptography.fernet import Fernet
@@ -171,15 +253,23 @@ def main() -> None:
     # The run command's server settings: behind a balancer, no proxy-header rewriting.
     uvicorn = [sys.executable, "-m", "uvicorn", "--host", HOST, "--log-level", "warning",
                "--no-access-log", "--no-proxy-headers", "--no-server-header"]
-    agent = subprocess.Popen([*uvicorn, "--port", str(agent_port),
-                              "bench.gateway_overhead:agent_app"], cwd=ROOT, env=env)
-    gateway = None
+    passthrough_port = free_port()
+    env["BENCH_AGENT_PORT"] = str(agent_port)
+    agent = subprocess.Popen(pinned([*uvicorn, "--port", str(agent_port),
+                                     "bench.gateway_overhead:agent_app"], SERVER_CPU),
+                             cwd=ROOT, env=env)
+    gateway = passthrough = None
     try:
         wait_port(agent_port, agent, "mock agent")
         key = setup_platform(env, agent_port)
-        gateway = subprocess.Popen([*uvicorn, "--port", str(gateway_port),
-                                    "reach_platform.asgi:application"], cwd=ROOT, env=env)
+        gateway = subprocess.Popen(pinned([*uvicorn, "--port", str(gateway_port),
+                                           "reach_platform.asgi:application"], SERVER_CPU),
+                                   cwd=ROOT, env=env)
+        passthrough = subprocess.Popen(
+            pinned([*uvicorn, "--port", str(passthrough_port),
+                    "bench.gateway_overhead:passthrough_app"], SERVER_CPU), cwd=ROOT, env=env)
         wait_port(gateway_port, gateway, "gateway")
+        wait_port(passthrough_port, passthrough, "pass-through")
 
         direct = lua("/echo", '{"text":"hello agent"}', None)
         through = lua("/v1/invoke",
@@ -192,40 +282,52 @@ def main() -> None:
         if check.status_code != 200:
             raise SystemExit(f"the gateway does not answer the bench call: {check.text}")
 
-        results = {}
-        for name, script, port in (("direct", direct, agent_port),
-                                   ("gateway", through, gateway_port)):
+        results, cpu_us = {}, {}
+        for name, script, port, proc in (
+                ("direct", direct, agent_port, agent),
+                ("bare", through, passthrough_port, passthrough),
+                ("gateway", through, gateway_port, gateway)):
             run_wrk(script, port, 2, 32, 1)  # warm-up: pools, caches, JIT-free but warm
             for threads, connections in ((1, 1), (2, 32)):
-                cpu_before = cpu_seconds(gateway.pid)
+                cpu_before = cpu_seconds(proc.pid)
+                spy = (profile_start(proc.pid, args.duration, args.profile)
+                       if args.profile and name == "gateway" and connections == 32 else None)
                 out = run_wrk(script, port, threads, connections, args.duration)
+                if spy is not None:
+                    spy.wait(timeout=args.duration + 60)
                 results[(name, connections)] = parse_wrk(name, connections, out)
-                if name == "gateway" and connections == 32:
-                    cpu_per_req_us = ((cpu_seconds(gateway.pid) - cpu_before) * 1e6
-                                      / max(1, results[(name, connections)].requests))
+                if connections == 32:
+                    cpu_us[name] = ((cpu_seconds(proc.pid) - cpu_before) * 1e6
+                                    / max(1, results[(name, connections)].requests))
+        cpu_per_req_us = cpu_us["gateway"]
 
         print(f"{'target':8} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'errors':>6} {'ratio':>6}")
+              f"{'errors':>6} {'ratio':>6} {'cpu us/req':>9}")
         for (name, connections), r in results.items():
             ratio = r.rps / results[("direct", connections)].rps
+            cpu = f"{cpu_us[name]:>9.0f}" if connections == 32 else " " * 9
             print(f"{name:8} {connections:>4} {r.rps:>9.0f} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} "
-                  f"{r.errors:>6} {ratio:>6.3f}")
+                  f"{r.errors:>6} {ratio:>6.3f} {cpu}")
         c1_added = results[("gateway", 1)].p50_ms - results[("direct", 1)].p50_ms
         c32_ratio = results[("gateway", 32)].rps / results[("direct", 32)].rps
 
-        direct_ttfb, gateway_ttfb = [], []
+        direct_ttfb, bare_ttfb, gateway_ttfb = [], [], []
         stream_body = b'{"capability":"bench.stream","stream":true,"input":{"text":"hi"}}'
         for _ in range(args.sse_samples):
             direct_ttfb.append(first_event_ms(agent_port, "/stream", b"{}", None))
+            bare_ttfb.append(first_event_ms(passthrough_port, "/v1/invoke", stream_body, None))
             gateway_ttfb.append(first_event_ms(gateway_port, "/v1/invoke", stream_body, key))
         sse_added = statistics.median(gateway_ttfb) - statistics.median(direct_ttfb)
-        print(f"SSE first event: direct p50 {statistics.median(direct_ttfb):.3f} ms, gateway "
+        print(f"SSE first event: direct p50 {statistics.median(direct_ttfb):.3f} ms, bare "
+              f"p50 {statistics.median(bare_ttfb):.3f} ms, gateway "
               f"p50 {statistics.median(gateway_ttfb):.3f} ms ({args.sse_samples} each, "
               "new connection per request)")
+        if args.profile:
+            print_profile(Path(args.profile))
         print(f"gateway c1_added_p50_ms={c1_added:.3f} c32_ratio={c32_ratio:.3f} "
               f"sse_ttfb_added_p50_ms={sse_added:.3f} cpu_us_per_req={cpu_per_req_us:.0f}")
     finally:
-        for proc in (gateway, agent):
+        for proc in (gateway, passthrough, agent):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 try:

@@ -183,7 +183,7 @@ class Upstream:
     """An open upstream reply: the gateway reads it (JSON) or relays it (stream)."""
 
     candidate: Candidate
-    response: aiohttp.ClientResponse
+    response: Any  # gateway.h1.H1Response, aiohttp's or a tunnel's: the same reading
     started: float
     slot: Any = None  # the agent's connection slot, given back by ``done``
 
@@ -287,7 +287,9 @@ class Caller:
             sock_read=min(self.config.stream_idle_timeout_s, seconds) if stream else None,
         )
         started = ctx.sent = time.monotonic()
-        tracker = upload_tracker()
+        # aiohttp's (TLS) needs a tracker to tell a reset before the body was out;
+        # gateway.h1 (plain HTTP) knows it itself.
+        tracker = None if url.startswith("http://") else upload_tracker()
         # Until its status line is in, the attempt is unanswered: the router prefers other
         # instances over one that leaves calls unanswered (a hung or stopped process).
         waiting = self.feedback.sent(instance.pk)

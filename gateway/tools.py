@@ -262,7 +262,7 @@ class ToolDoors:
                     body: bytes | None, ssl_context, remaining_s: float,
                     secret: str | None = None):
         pools = self.caller.pools
-        session = pools.session(-tool.pk, POOL_CONNECTIONS, 90)
+        session = pools.aiohttp_session(90)
         try:
             slot = await pools.slot(-tool.pk, POOL_CONNECTIONS, min(1.0, remaining_s))
         except TimeoutError:

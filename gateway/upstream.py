@@ -38,6 +38,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
+from gateway.h1 import ConnectFailed, H1Session, ResetBeforeSent
 from gateway.tunnel import TunnelBadFrame, TunnelDown
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
 
@@ -108,6 +109,7 @@ class UpstreamPools:
         self._connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._sessions: dict[int, aiohttp.ClientSession] = {}
+        self._h1: dict[int, H1Session] = {}
         self._slots: dict[tuple[int, int], asyncio.Semaphore] = {}
         self._used: dict[tuple[int, int], float] = {}
 
@@ -127,7 +129,17 @@ class UpstreamPools:
             await asyncio.wait_for(slots.acquire(), wait_s)
         return slots
 
-    def session(self, agent_pk: int, max_connections: int, idle_seconds: int):
+    def session(self, agent_pk: int, max_connections: int, idle_seconds: int) -> H1Session:
+        """The calls' client: plain HTTP on ``gateway.h1``, ``https://`` through aiohttp."""
+        session = self._h1.get(idle_seconds)
+        if session is None or session.closed:
+            session = self._h1[idle_seconds] = H1Session(
+                self._policy, idle_seconds=idle_seconds, max_idle_hosts=self.MAX_IDLE_HOSTS,
+                fallback=lambda: self.aiohttp_session(idle_seconds))
+        return session
+
+    def aiohttp_session(self, idle_seconds: int) -> aiohttp.ClientSession:
+        """aiohttp's client, for TLS and for tool calls (any method, any URL)."""
         session = self._sessions.get(idle_seconds)
         if session is None or session.closed:
             connector = _IdleBoundedConnector(
@@ -170,11 +182,13 @@ class UpstreamPools:
     def idle_connections(self) -> int:
         """Connections kept open for the next call, over every session."""
         return sum(len(kept) for session in self._sessions.values()
-                   for kept in session.connector._conns.values())
+                   for kept in session.connector._conns.values()) \
+            + sum(session.idle_connections() for session in self._h1.values())
 
     async def close(self) -> int:
         """Close every session (and its connections); returns how many were open."""
-        sessions, self._sessions = list(self._sessions.values()), {}
+        sessions = [*self._sessions.values(), *self._h1.values()]
+        self._sessions, self._h1 = {}, {}
         for session in sessions:
             await session.close()
         return sum(1 for s in sessions if s.closed)
@@ -197,6 +211,8 @@ async def reset_before_sent(exc: BaseException, tracker) -> bool:
     After the failure aiohttp cancels a body write still in progress; its tracker then
     settles at once (UploadAbortedError, or the write's own OSError). A tracker that
     finished means every byte was handed to the kernel: delivered, as far as we know."""
+    if isinstance(exc, ResetBeforeSent):
+        return True
     if tracker is None or getattr(exc, "errno", None) not in RESET_ERRNOS:
         return False
     upload = tracker.upload_complete
@@ -216,7 +232,7 @@ def translate_error(exc: BaseException) -> UpstreamFailure:
                                delivered=False)
     if isinstance(exc, TunnelBadFrame):
         return UpstreamFailure("upstream_bad_response", str(exc), delivered=True)
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectFailed | aiohttp.ClientConnectorError):
         return UpstreamFailure("upstream_error", f"cannot connect to the agent ({exc.os_error})",
                                delivered=False)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):

@@ -25,7 +25,8 @@ def test_agents_share_a_pool_and_idle_connections_are_kept_for_a_bounded_few():
             for n, agent in enumerate(agents):
                 session = pools.session(n, 4, 90)
                 sessions.add(id(session))
-                async with session.get(f"{agent.endpoint}healthz") as reply:
+                async with await session.post(f"{agent.endpoint}echo", data=b"{}",
+                                              headers={}) as reply:
                     assert reply.status == 200
                     await reply.read()
             kept = pools.idle_connections()

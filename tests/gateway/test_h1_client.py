@@ -1,0 +1,337 @@
+"""The lean HTTP/1.1 client (``gateway.h1``) keeps the guarantees aiohttp gave the
+calls: replies framed every legal way are read whole, broken ones fail with the error
+that says whether the agent had the request, limits hold, and nothing unsafe is sent.
+Each agent here is a raw asyncio server on loopback that answers exactly what the test
+scripts, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import aiohttp
+import pytest
+
+from gateway.h1 import MAX_HEAD_BYTES, READ_HIGH_WATER, ConnectFailed, H1Session, ResetBeforeSent
+from gateway.upstream import translate_error
+from reach_core.endpoints import EndpointPolicy
+
+POLICY = EndpointPolicy.from_setting(("127.0.0.1/32",), ())
+TIMEOUT = aiohttp.ClientTimeout(total=5, sock_connect=2)
+
+
+def session(**kwargs) -> H1Session:
+    def no_tls():
+        raise AssertionError("plain HTTP must not reach aiohttp")
+    return H1Session(POLICY, idle_seconds=kwargs.pop("idle_seconds", 30),
+                     max_idle_hosts=kwargs.pop("max_idle_hosts", 8), fallback=no_tls)
+
+
+async def agent(handler):
+    """A loopback server running ``handler(reader, writer)`` per connection; returns the
+    server, its URL and the list of raw requests it read (head and body)."""
+    seen: list[bytes] = []
+
+    async def serve(reader, writer):
+        try:
+            await handler(reader, writer, seen)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/call", seen
+
+
+async def read_request(reader, seen) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    body = await reader.readexactly(length)
+    seen.append(head + body)
+    return body
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_kept_alive_connection_serves_one_call_after_another():
+    connections = []
+
+    async def handler(reader, writer, seen):
+        connections.append(writer)
+        while True:
+            try:
+                body = await read_request(reader, seen)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8"
+                         b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    async def go():
+        server, url, seen = await agent(handler)
+        client = session()
+        replies = []
+        for n in range(3):
+            response = await client.post(url, data=b'{"n":%d}' % n,
+                                         headers={"x-request-id": f"r{n}"}, timeout=TIMEOUT)
+            replies.append((response.status, response.content_type,
+                            response.content_length, await response.read()))
+            response.release()
+        kept = client.idle_connections()
+        await client.close()
+        server.close()
+        return replies, seen, kept
+
+    replies, seen, kept = run(go())
+    assert replies == [(200, "application/json", 7, b'{"n":%d}' % n) for n in range(3)]
+    assert len(connections) == 1 and kept == 1
+    assert seen[0].startswith(b"POST /call HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nx-request-id: r0\r\n" in seen[0] and b"\r\nContent-Length: 7\r\n" in seen[0]
+
+
+@pytest.mark.parametrize("reply, body", [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
+     b"abcdefg"),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the close", b"until the close"),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok"),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+])
+def test_every_legal_framing_of_a_reply_is_read_whole(reply, body):
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(reply)
+        await writer.drain()
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        response = await client.post(url, data=b"{}", headers={}, timeout=TIMEOUT)
+        got = await response.read()
+        response.release()
+        await client.close()
+        server.close()
+        return got
+
+    assert run(go()) == body
+
+
+def failure(handler, *, data=b"{}", timeout=TIMEOUT, read=True):
+    async def go():
+        server, url, seen = await agent(handler)
+        client = session()
+        try:
+            response = await client.post(url, data=data, headers={}, timeout=timeout)
+            if read:
+                await response.read()
+            return None, seen
+        except Exception as exc:
+            return exc, seen
+        finally:
+            await client.close()
+            server.close()
+
+    return run(go())
+
+
+def test_a_reply_cut_short_is_a_payload_error_and_counts_as_delivered():
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        await writer.drain()
+
+    exc, _ = failure(handler)
+    assert isinstance(exc, aiohttp.ClientPayloadError)
+    assert translate_error(exc).delivered is True
+
+
+def test_a_close_after_the_request_before_any_reply_counts_as_delivered():
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+
+    exc, seen = failure(handler)
+    assert isinstance(exc, aiohttp.ServerDisconnectedError) and len(seen) == 1
+    assert translate_error(exc).delivered is True
+
+
+def test_a_reset_while_the_request_is_still_being_sent_is_not_delivered():
+    big = b'{"pad":"' + b"x" * (8 * 1024 * 1024) + b'"}'
+
+    async def handler(reader, writer, seen):
+        seen.append(await reader.readuntil(b"\r\n\r\n"))  # the head only, then a reset
+        sock = writer.get_extra_info("socket")
+        import socket
+        import struct
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    exc, seen = failure(handler, data=big)
+    assert isinstance(exc, ResetBeforeSent), exc
+    assert exc.errno in (errno.ECONNRESET, errno.EPIPE)
+    assert len(seen) == 1
+
+
+def test_no_connection_is_not_delivered_and_a_refused_address_is_never_dialled():
+    async def go():
+        client = session()
+        closed_port = await unused_port()
+        results = []
+        for url in (f"http://127.0.0.1:{closed_port}/x", "http://10.1.2.3:80/x"):
+            try:
+                await client.post(url, data=b"{}", headers={}, timeout=TIMEOUT)
+            except Exception as exc:
+                results.append(exc)
+        await client.close()
+        return results
+
+    refused, policy = run(go())
+    assert isinstance(refused, ConnectFailed) and isinstance(policy, ConnectFailed)
+    assert "endpoint policy" in str(policy)
+    assert translate_error(refused).delivered is False
+    assert translate_error(policy).delivered is False
+
+
+async def unused_port() -> int:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    return port
+
+
+def test_the_total_timeout_covers_a_reply_body_that_never_ends():
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab")
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    exc, _ = failure(handler, timeout=aiohttp.ClientTimeout(total=0.3))
+    assert isinstance(exc, TimeoutError)
+    assert translate_error(exc).code == "upstream_timeout"
+
+
+def test_a_stream_idle_past_sock_read_fails_with_a_read_timeout():
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n6\r\ndata:1\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        response = await client.post(url, data=b"{}", headers={},
+                                     timeout=aiohttp.ClientTimeout(total=None, sock_read=0.3))
+        chunks = []
+        try:
+            async for chunk in response.content.iter_any():
+                chunks.append(chunk)
+        except Exception as exc:
+            return chunks, exc
+        finally:
+            response.close()
+            await client.close()
+            server.close()
+
+    chunks, exc = run(go())
+    assert chunks == [b"data:1"]
+    assert isinstance(exc, aiohttp.ServerTimeoutError)
+
+
+def test_a_reply_head_over_the_limit_is_refused():
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * MAX_HEAD_BYTES + b"\r\n\r\n")
+        await writer.drain()
+
+    exc, _ = failure(handler)
+    assert isinstance(exc, aiohttp.ClientPayloadError)
+
+
+def test_a_header_value_with_a_line_break_is_never_sent():
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+
+    async def go():
+        server, url, seen = await agent(handler)
+        client = session()
+        with pytest.raises(ValueError):
+            await client.post(url, data=b"{}", headers={"x-id": "a\r\nX-Admin: 1"},
+                              timeout=TIMEOUT)
+        with pytest.raises(ValueError):
+            await client.post(url, data=b"{}", headers={"x-id": "a\nb"}, timeout=TIMEOUT)
+        await client.close()
+        server.close()
+        return seen
+
+    assert run(go()) == []
+
+
+def test_reading_pauses_while_the_reader_is_slow():
+    """An agent that streams faster than its caller reads fills only a bounded buffer:
+    past the high-water mark the gateway stops reading its socket."""
+    chunk = b"x" * 65536
+    sent = []
+
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+        writer.transport.set_write_buffer_limits(high=65536)
+        try:
+            for _ in range(400):  # 25 MiB offered
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), 1.0)
+                sent.append(len(chunk))
+        except (TimeoutError, ConnectionError):
+            pass
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        response = await client.post(url, data=b"{}", headers={},
+                                     timeout=aiohttp.ClientTimeout(total=None))
+        # Wait until the agent can send no more (its drain times out) without reading.
+        for _ in range(100):
+            before = len(sent)
+            await asyncio.sleep(0.05)
+            if len(sent) == before and sent:
+                break
+        buffered = response._buffered
+        response.close()
+        await client.close()
+        server.close()
+        return buffered
+
+    buffered = run(go())
+    assert buffered <= READ_HIGH_WATER + 2 * 65536 + 1024
+    assert sum(sent) < 400 * len(chunk)  # the agent was held back
+
+
+def test_idle_connections_are_closed_after_their_keep_alive():
+    async def go():
+        closed = asyncio.Event()
+
+        async def handler(reader, writer, seen):
+            await read_request(reader, seen)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            seen.append(await reader.read())  # b"" once the gateway closes its side
+            closed.set()
+
+        server, url, seen = await agent(handler)
+        client = session(idle_seconds=0.05)
+        response = await client.post(url, data=b"{}", headers={}, timeout=TIMEOUT)
+        await response.read()
+        response.release()
+        kept = client.idle_connections()
+        await asyncio.wait_for(closed.wait(), 5)
+        left = client.idle_connections()
+        await client.close()
+        server.close()
+        return kept, left, seen[-1]
+
+    kept, left, last = run(go())
+    assert (kept, left, last) == (1, 0, b"")
