@@ -197,6 +197,46 @@ def print_profile(path: Path, top: int = 25) -> None:
             print(f"  {100 * n / max(1, total):5.1f}%  {frame}")
 
 
+def start_nginx(agent_port: int, port: int) -> subprocess.Popen | None:
+    """nginx (1 worker, kept-alive upstream, no access log) as a reference proxy, when it
+    is installed: how far a C proxy gets against this same agent puts the ratios in scale
+    (the faster the agent, the lower any proxy's ratio)."""
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
+                                      else None)
+    if nginx is None:
+        return None
+    prefix = Path(tempfile.mkdtemp(prefix="reach-bench-nginx-"))
+    (prefix / "nginx.conf").write_text(f"""
+daemon off; worker_processes 1; pid {prefix}/nginx.pid; error_log {prefix}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {prefix}/body; proxy_temp_path {prefix}/proxy;
+  fastcgi_temp_path {prefix}/f; uwsgi_temp_path {prefix}/u; scgi_temp_path {prefix}/s;
+  upstream agent {{ server {HOST}:{agent_port}; keepalive 64; }}
+  server {{
+    listen {HOST}:{port};
+    location / {{ proxy_pass http://agent/echo; proxy_http_version 1.1;
+                 proxy_set_header Connection ""; }}
+  }}
+}}
+""")
+    return subprocess.Popen(pinned([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")],
+                                   SERVER_CPU), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (Linux ``/proc``)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its children (nginx's worker)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in child_pids(pid))
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -253,12 +293,12 @@ def main() -> None:
     # The run command's server settings: behind a balancer, no proxy-header rewriting.
     uvicorn = [sys.executable, "-m", "uvicorn", "--host", HOST, "--log-level", "warning",
                "--no-access-log", "--no-proxy-headers", "--no-server-header"]
-    passthrough_port = free_port()
+    passthrough_port, nginx_port = free_port(), free_port()
     env["BENCH_AGENT_PORT"] = str(agent_port)
     agent = subprocess.Popen(pinned([*uvicorn, "--port", str(agent_port),
                                      "bench.gateway_overhead:agent_app"], SERVER_CPU),
                              cwd=ROOT, env=env)
-    gateway = passthrough = None
+    gateway = passthrough = nginx = None
     try:
         wait_port(agent_port, agent, "mock agent")
         key = setup_platform(env, agent_port)
@@ -270,6 +310,9 @@ def main() -> None:
                     "bench.gateway_overhead:passthrough_app"], SERVER_CPU), cwd=ROOT, env=env)
         wait_port(gateway_port, gateway, "gateway")
         wait_port(passthrough_port, passthrough, "pass-through")
+        nginx = start_nginx(agent_port, nginx_port)
+        if nginx is not None:
+            wait_port(nginx_port, nginx, "nginx")
 
         direct = lua("/echo", '{"text":"hello agent"}', None)
         through = lua("/v1/invoke",
@@ -283,13 +326,15 @@ def main() -> None:
             raise SystemExit(f"the gateway does not answer the bench call: {check.text}")
 
         results, cpu_us = {}, {}
-        for name, script, port, proc in (
-                ("direct", direct, agent_port, agent),
-                ("bare", through, passthrough_port, passthrough),
-                ("gateway", through, gateway_port, gateway)):
+        targets = [("direct", direct, agent_port, agent)]
+        if nginx is not None:
+            targets.append(("nginx", direct, nginx_port, nginx))
+        targets += [("bare", through, passthrough_port, passthrough),
+                    ("gateway", through, gateway_port, gateway)]
+        for name, script, port, proc in targets:
             run_wrk(script, port, 2, 32, 1)  # warm-up: pools, caches, JIT-free but warm
             for threads, connections in ((1, 1), (2, 32)):
-                cpu_before = cpu_seconds(proc.pid)
+                cpu_before = process_cpu_seconds(proc.pid)
                 spy = (profile_start(proc.pid, args.duration, args.profile)
                        if args.profile and name == "gateway" and connections == 32 else None)
                 out = run_wrk(script, port, threads, connections, args.duration)
@@ -297,7 +342,7 @@ def main() -> None:
                     spy.wait(timeout=args.duration + 60)
                 results[(name, connections)] = parse_wrk(name, connections, out)
                 if connections == 32:
-                    cpu_us[name] = ((cpu_seconds(proc.pid) - cpu_before) * 1e6
+                    cpu_us[name] = ((process_cpu_seconds(proc.pid) - cpu_before) * 1e6
                                     / max(1, results[(name, connections)].requests))
         cpu_per_req_us = cpu_us["gateway"]
 
@@ -308,26 +353,46 @@ def main() -> None:
             cpu = f"{cpu_us[name]:>9.0f}" if connections == 32 else " " * 9
             print(f"{name:8} {connections:>4} {r.rps:>9.0f} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} "
                   f"{r.errors:>6} {ratio:>6.3f} {cpu}")
+        if nginx is not None:
+            rps = {name: results[(name, 32)].rps for name in ("direct", "nginx", "bare",
+                                                               "gateway")}
+            print(f"reference: nginx c32_ratio={rps['nginx'] / rps['direct']:.3f} "
+                  f"cpu_us_per_req={cpu_us['nginx']:.0f}; at c32 the gateway does "
+                  f"{rps['gateway'] / rps['nginx']:.2f} of nginx's req/s, the bare "
+                  f"pass-through {rps['bare'] / rps['nginx']:.2f}")
         c1_added = results[("gateway", 1)].p50_ms - results[("direct", 1)].p50_ms
         c32_ratio = results[("gateway", 32)].rps / results[("direct", 32)].rps
 
         direct_ttfb, bare_ttfb, gateway_ttfb = [], [], []
         stream_body = b'{"capability":"bench.stream","stream":true,"input":{"text":"hi"}}'
+        cpu_before = {name: cpu_seconds(proc.pid) for name, proc in
+                      (("bare", passthrough), ("gateway", gateway))}
+        sse_profile = f"{args.profile}.sse" if args.profile else None
+        spy = profile_start(gateway.pid, 600, sse_profile) if sse_profile else None
         for _ in range(args.sse_samples):
             direct_ttfb.append(first_event_ms(agent_port, "/stream", b"{}", None))
             bare_ttfb.append(first_event_ms(passthrough_port, "/v1/invoke", stream_body, None))
             gateway_ttfb.append(first_event_ms(gateway_port, "/v1/invoke", stream_body, key))
+        if spy is not None:
+            spy.send_signal(2)  # py-spy writes what it has on SIGINT
+            spy.wait(timeout=60)
+        sse_cpu = {name: (cpu_seconds(proc.pid) - cpu_before[name]) * 1e6 / args.sse_samples
+                   for name, proc in (("bare", passthrough), ("gateway", gateway))}
         sse_added = statistics.median(gateway_ttfb) - statistics.median(direct_ttfb)
         print(f"SSE first event: direct p50 {statistics.median(direct_ttfb):.3f} ms, bare "
               f"p50 {statistics.median(bare_ttfb):.3f} ms, gateway "
               f"p50 {statistics.median(gateway_ttfb):.3f} ms ({args.sse_samples} each, "
-              "new connection per request)")
+              "new connection per request); CPU per stream: bare "
+              f"{sse_cpu['bare']:.0f} us, gateway {sse_cpu['gateway']:.0f} us")
         if args.profile:
+            print("-- concurrency 32, JSON --")
             print_profile(Path(args.profile))
+            print("-- SSE, one at a time, new connection each --")
+            print_profile(Path(sse_profile))
         print(f"gateway c1_added_p50_ms={c1_added:.3f} c32_ratio={c32_ratio:.3f} "
               f"sse_ttfb_added_p50_ms={sse_added:.3f} cpu_us_per_req={cpu_per_req_us:.0f}")
     finally:
-        for proc in (gateway, passthrough, agent):
+        for proc in (gateway, passthrough, nginx, agent):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 try:

@@ -21,7 +21,6 @@ directly around a hand-made table.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -335,7 +334,7 @@ class GatewayApp:
         """A call through the pipeline, unless this process is already at its limit of
         calls in flight (``LoadShedder``): then 503 overloaded at once, before anything
         else is spent on it."""
-        with self.shedder.admitted():
+        with self.shedder:
             request = await self._request(request_id, scope, receive, send)
             internal = self._internal(scope)
             if self.route_feedback is None:
@@ -464,7 +463,7 @@ class GatewayApp:
         return Outcome.SUCCESS
 
     async def _tool_call(self, request_id, scope, receive, send) -> str:
-        with self.shedder.admitted():
+        with self.shedder:
             table, who = await self._tool_caller(scope)
             tool = self.tools.tool(table, who, scope["reach.tool"])
             deadline = header(scope, b"x-reach-deadline-ms")
@@ -621,19 +620,18 @@ class LoadShedder:
     SETTLE_S = 0.1
     FLOOR = 32
 
-    @contextlib.contextmanager
-    def admitted(self):
-        """One call in flight for as long as the block runs; 503 overloaded at once when
-        the process is at its limit (counted in ``reach_shed_total``)."""
+    def __enter__(self) -> None:
+        """``with shedder:`` holds one call in flight for as long as the block runs; 503
+        overloaded at once when the process is at its limit (``reach_shed_total``). A
+        plain class rather than a generator: it runs on every call."""
         if self.in_flight >= self.limit:
             SHED.inc()
             raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
                              f"({self.limit} now); retry shortly.")
         self.in_flight += 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
+
+    def __exit__(self, *exc) -> None:
+        self.in_flight -= 1
 
     def __init__(self, *, max_in_flight: int, max_loop_lag_s: float) -> None:
         self.max_in_flight = max_in_flight

@@ -92,7 +92,6 @@ class _Connection(asyncio.Protocol):
         # True while bytes of the request sit in the transport's buffer (see post).
         self.sending = False
         self.idle_since = 0.0
-        self.idle_timer: asyncio.TimerHandle | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
@@ -127,9 +126,6 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
         response = self.response
         if response is None or response.finished:
             return
@@ -178,9 +174,6 @@ class _Connection(asyncio.Protocol):
 
     def start(self, response: H1Response) -> None:
         self.response = response
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
 
     def close(self) -> None:
         self.closed = True
@@ -397,6 +390,7 @@ class H1Session:
         self._targets: dict[str, _Target] = {}
         self._resolved: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._fallback = fallback  # () -> aiohttp.ClientSession, for https://
+        self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
 
     @property
@@ -408,6 +402,9 @@ class H1Session:
 
     async def close(self) -> None:
         self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         idle, self._idle = self._idle, {}
         for kept in idle.values():
             for connection in kept:
@@ -490,8 +487,36 @@ class H1Session:
                 return
             kept = self._idle[connection.key] = []
         kept.append(connection)
-        connection.idle_timer = asyncio.get_running_loop().call_later(
-            self._idle_seconds, connection.close)
+        connection.idle_since = time.monotonic()
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(self._idle_seconds,
+                                                                   self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections idle for ``idle_seconds``; come back at the next expiry.
+        One timer per session rather than one per returned connection: this is cheaper
+        on every call, and the kept connections are few (``max_idle_hosts``)."""
+        self._sweeper = None
+        now = time.monotonic()
+        soonest = None
+        for key in list(self._idle):
+            kept = []
+            for connection in self._idle[key]:
+                if connection.closed:
+                    continue
+                if now - connection.idle_since >= self._idle_seconds:
+                    connection.close()
+                    continue
+                kept.append(connection)
+                if soonest is None or connection.idle_since < soonest:
+                    soonest = connection.idle_since
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]
+        if soonest is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(
+                soonest + self._idle_seconds - now, self._sweep)
 
     async def _connect(self, loop, key: tuple[str, int], timeout_s: float | None):
         host, port = key

@@ -538,7 +538,12 @@ class Pipeline:
                 await send({"type": "http.response.body", "body": b""})
         finally:
             watching.cancel()
-            upstream.response.close()  # drops the connection: cancels the agent's work
+            if outcome == Outcome.SUCCESS:
+                # Read to its end: the connection serves the next call (a new connection
+                # per stream cost more CPU than the rest of the call).
+                upstream.response.release()
+            else:
+                upstream.response.close()  # drops the connection: cancels the agent's work
             upstream.done()
             self.caller.record_stream(upstream, ok=outcome in (Outcome.SUCCESS,
                                                                Outcome.CLIENT_CANCELLED))

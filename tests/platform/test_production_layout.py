@@ -55,11 +55,16 @@ def stopped_at_the_end(procs: list[subprocess.Popen]):
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 15)
+        stuck = []
         for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=15)
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                stuck.append(proc.name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait(timeout=10)
+        assert not stuck, f"still running 30 s after SIGTERM: {stuck}"
 
 
 def procfile() -> dict[str, str]:
