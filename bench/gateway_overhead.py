@@ -7,8 +7,9 @@ Starts a mock agent (a raw ASGI app on uvicorn: ``POST /echo`` answers JSON,
 uvicorn, one process, embedded mode (SQLite control plane, in-process bus),
 with the mock agent registered and a tenant key. Every gateway call goes
 through authentication (prefix + SHA-256 compare), routing (filters, scores,
-smooth weighted round robin), input validation, the adapter, the breaker and
-a usage event: nothing is switched off.
+smooth weighted round robin), input validation, a rate limit and a monthly budget (the
+tenant's quota, far above the load), the adapter, the breaker and a usage event: nothing
+is switched off.
 
 wrk (``apt-get install wrk``) drives ``POST /echo`` directly and ``POST
 /v1/invoke`` through the gateway at concurrency 1 and 32; a Python client
@@ -52,12 +53,20 @@ SSE = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\
                for i in range(4)) + b"data: [DONE]\n\n"
 
 
+AGENT_CPU_S = float(os.environ.get("BENCH_AGENT_CPU_US", "0")) / 1e6
+
+
 async def agent_app(scope, receive, send) -> None:
-    """The mock agent: as cheap as an HTTP server gets, so the gateway's cost shows."""
+    """The mock agent: as cheap as an HTTP server gets, so the gateway's cost shows; with
+    ``--agent-cpu-us`` it also spends that much CPU on each request (a real agent's work)."""
     if scope["type"] != "http":
         return
     while (await receive()).get("more_body"):
         pass
+    if AGENT_CPU_S:
+        until = time.thread_time() + AGENT_CPU_S
+        while time.thread_time() < until:
+            pass
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
@@ -267,6 +276,12 @@ def setup_platform(env: dict, agent_port: int) -> str:
         name="bench-stream", protocol="openai", endpoint=endpoint, lease_ttl_seconds=3600,
         capabilities=(CapabilitySpec(capability_id="bench.stream", path="/stream",
                                      kind="stream"),)))
+    # Limits and budgets on: every call debits a token bucket and reserves and settles a
+    # monthly budget (both far above the load, so none is refused).
+    from tenants.models import Quota
+
+    Quota.objects.create(tenant=tenant, requests_per_minute=60_000_000, burst=1_000_000,
+                         monthly_requests=1_000_000_000)
     return api_key_create(tenant=tenant, name="bench", scopes=[ApiKeyScope.INVOKE]).plaintext
 
 
@@ -274,6 +289,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--sse-samples", type=int, default=300)
+    parser.add_argument("--agent-cpu-us", type=float, default=0.0,
+                        help="CPU the mock agent spends per request (default 0: the "
+                        "cheapest agent, where any proxy's ratio is lowest)")
     parser.add_argument("--profile", metavar="FILE", help="sample the gateway with py-spy "
                         "during its concurrency-32 run; collapsed stacks to FILE, top frames "
                         "printed (costs the gateway some CPU: figures of that run are off)")
@@ -295,6 +313,7 @@ def main() -> None:
                "--no-access-log", "--no-proxy-headers", "--no-server-header"]
     passthrough_port, nginx_port = free_port(), free_port()
     env["BENCH_AGENT_PORT"] = str(agent_port)
+    env["BENCH_AGENT_CPU_US"] = str(args.agent_cpu_us)
     agent = subprocess.Popen(pinned([*uvicorn, "--port", str(agent_port),
                                      "bench.gateway_overhead:agent_app"], SERVER_CPU),
                              cwd=ROOT, env=env)

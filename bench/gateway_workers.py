@@ -123,7 +123,7 @@ def main() -> None:
             try:
                 wait_port(port, gateway, "gateway")
                 deadline = time.monotonic() + 60
-                while len(child_pids(gateway.pid)) < workers + (workers > 1):
+                while len(child_pids(gateway.pid)) < (workers if workers > 1 else 0):
                     if time.monotonic() > deadline:
                         raise SystemExit("the gateway's workers did not start")
                     time.sleep(0.1)
