@@ -111,8 +111,8 @@ class _Connection(asyncio.Protocol):
         self.sending = False
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:
-            self.close()  # an idle connection that speaks: nothing can be trusted on it
+        if self.response is None or self.response.finished:
+            self.close()  # bytes after the reply: nothing more can be trusted on it
             return
         try:
             self._parser.feed_data(data)
@@ -148,6 +148,13 @@ class _Connection(asyncio.Protocol):
         if self._head_bytes > MAX_HEAD_BYTES:
             raise aiohttp.ClientPayloadError(f"reply head over {MAX_HEAD_BYTES} bytes")
         self._headers.append((name, value))
+
+    def on_message_begin(self) -> None:
+        if self.response is None or self.response.finished:
+            # A second reply to one request (within the same read, or before the first
+            # was released): whatever it answers, it is not the next call's reply.
+            self.close()
+            raise aiohttp.ClientPayloadError("the agent sent more than one reply")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -354,8 +361,10 @@ class H1Response:
         if connection is None:
             return
         connection.response = None
+        # Not while part of the request is still unsent (an agent that answered before
+        # reading it all): the rest would be read as the start of the next request.
         if self.finished and self._error is None and self._keep_alive and not self._chunks \
-                and not connection.closed:
+                and not connection.closed and not connection.sending:
             self._session._give_back(connection)
         else:
             connection.close()

@@ -335,3 +335,75 @@ def test_idle_connections_are_closed_after_their_keep_alive():
 
     kept, left, last = run(go())
     assert (kept, left, last) == (1, 0, b"")
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_an_unsolicited_second_reply_is_never_the_next_calls_reply(apart):
+    """An agent that answers one request twice (in one write, or a moment later) must
+    not hand its stale second answer to the next call on the kept-alive connection."""
+    connections = []
+
+    async def handler(reader, writer, seen):
+        connections.append(writer)
+        while True:
+            try:
+                body = await read_request(reader, seen)
+            except asyncio.IncompleteReadError:
+                return
+            first = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            stale = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
+            if apart:
+                writer.write(first)
+                await writer.drain()
+                await asyncio.sleep(0)
+                writer.write(stale)
+            else:
+                writer.write(first + stale)
+            await writer.drain()
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        bodies = []
+        for n in range(3):
+            response = await client.post(url, data=b'{"n":%d}' % n, headers={},
+                                         timeout=TIMEOUT)
+            bodies.append(await response.read())
+            if apart:
+                await asyncio.sleep(0.05)  # let the stale reply arrive before release
+            response.release()
+        await client.close()
+        server.close()
+        return bodies
+
+    bodies = run(go())
+    assert bodies == [b'{"n":0}', b'{"n":1}', b'{"n":2}']
+    assert len(connections) == 3  # each poisoned connection was dropped, not reused
+
+
+def test_a_connection_is_not_reused_while_its_request_is_still_being_sent():
+    """An agent that answers before reading the whole request body leaves that body's
+    tail in flight: the connection must not carry another request."""
+    big = b'{"pad":"' + b"x" * (8 * 1024 * 1024) + b'"}'
+    connections = []
+
+    async def handler(reader, writer, seen):
+        connections.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(1)  # never reads the body
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        response = await client.post(url, data=big, headers={}, timeout=TIMEOUT)
+        body = await response.read()
+        response.release()
+        kept = client.idle_connections()
+        await client.close()
+        server.close()
+        return body, kept
+
+    body, kept = run(go())
+    assert body == b"ok" and kept == 0
