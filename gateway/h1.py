@@ -95,6 +95,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
+        self._unheaded = 0  # bytes fed since this reply's head began
         self._informational = False
 
     # -- asyncio.Protocol
@@ -118,8 +119,19 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(aiohttp.ClientPayloadError("the agent switched protocols"))
+            return
         except httptools.HttpParserError as exc:
-            self._fail(aiohttp.ClientPayloadError(f"the agent's reply is malformed ({exc})"))
+            ours = exc.__context__
+            self._fail(ours if isinstance(ours, aiohttp.ClientPayloadError) else
+                       aiohttp.ClientPayloadError(f"the agent's reply is malformed ({exc})"))
+            return
+        if self.response is not None and self.response.status is None:
+            # The parser keeps a header line it has not seen the end of: bound what the
+            # head may take while it is still arriving, not only once it is complete.
+            self._unheaded += len(data)
+            if self._unheaded > MAX_HEAD_BYTES:
+                self._fail(aiohttp.ClientPayloadError(
+                    f"the agent's reply head is over {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool:
         return False  # close: a half-closed agent gets no further request
@@ -158,10 +170,16 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        headers, self._headers, self._head_bytes = self._headers, [], 0
+        headers, self._headers, self._head_bytes, self._unheaded = self._headers, [], 0, 0
         if 100 <= status < 200:
             self._informational = True  # 100 Continue and friends: the reply follows
             return
+        for name, value in headers:
+            if name.lower() == b"content-encoding" and value.strip().lower() != b"identity":
+                # Asked for identity (see post): a body we would pass on undecoded.
+                raise aiohttp.ClientPayloadError(
+                    "the agent's reply is encoded (Content-Encoding: "
+                    f"{value.decode('latin-1')[:40]}) though the gateway asked for identity")
         self.response._head_in(status, headers)
 
     def on_body(self, body: bytes) -> None:
@@ -276,6 +294,9 @@ class H1Response:
         self._wake()
 
     def _complete(self, *, keep_alive: bool) -> None:
+        if self.status is None:  # never without a head; if ever, fail rather than hang
+            self._fail(aiohttp.ClientPayloadError("the agent's reply ended without a head"))
+            return
         self.finished = True
         self._keep_alive = keep_alive
         self._stop_deadline()
@@ -330,6 +351,8 @@ class H1Response:
         while self.status is None:
             if self._error is not None:
                 raise self._error
+            if self.finished:
+                raise aiohttp.ClientPayloadError("the agent's reply ended without a head")
             await self._wait()
 
     async def _next_chunk(self) -> bytes:
@@ -436,13 +459,16 @@ class H1Session:
         path = target.path
         if params:
             path += ("&" if "?" in path else "?") + urlencode(params)
-        lines = [f"POST {path} HTTP/1.1\r\nHost: {target.authority}\r\n"]
+        # Identity asked for explicitly: with no Accept-Encoding any coding is acceptable
+        # (RFC 9110), and this client relays bodies as they come.
+        lines = [f"POST {path} HTTP/1.1\r\nHost: {target.authority}\r\n"
+                 "Accept-Encoding: identity\r\n"]
         lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
         lines.append(f"Content-Length: {len(data)}\r\n\r\n")
         head = "".join(lines)
         # Every line ends in CRLF and none may hold another: a header value carrying one
         # would smuggle a header (or a request) to the agent.
-        crlfs = len(lines) + 2  # the first line and the last hold two each
+        crlfs = len(lines) + 3  # the first line holds three, the last two
         if head.count("\n") != crlfs or head.count("\r") != crlfs:
             raise ValueError("a header value holds a line break")
         loop = asyncio.get_running_loop()

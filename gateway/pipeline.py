@@ -53,7 +53,7 @@ from gateway.http_io import (
 from gateway.inputs import Defaults, canonical_input
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
-from gateway.sse import EventFramer, data_of
+from gateway.sse import EventFramer, EventTooLarge, data_of
 from gateway.tasks import Submission as TaskSubmission
 from gateway.tasks import TaskDoors
 from gateway.upstream import UpstreamFailure
@@ -479,43 +479,64 @@ class Pipeline:
         protocol = PROTOCOLS[upstream.candidate.agent.protocol]
         meter: StreamMeter = protocol.stream_meter()
         reframe = call.reframe(protocol, upstream.candidate.agent.name)
-        framer = EventFramer()
+        framer = EventFramer(max_event_bytes=self.config.max_upstream_bytes)
         outcome: str = Outcome.SUCCESS
         error: ReachError | None = None
+
+        # The caller's deadline (X-Reach-Deadline-Ms) bounds the whole stream, not only its
+        # first byte: an agent that keeps dripping events must not outlive its caller.
+        # Without one, a stream's clock is its idle time between events.
+        until = ctx.budget_started + ctx.caller_budget_ms / 1000 \
+            if ctx.caller_budget_ms else None
+
+        async def relay_events() -> None:
+            async for chunk in upstream.response.content.iter_any():
+                out = []
+                for event in framer.feed(chunk):
+                    data = data_of(event)
+                    usage_only = data is not None and meter.observe(data)
+                    if reframe is not None:
+                        if meter.last_texts:
+                            out.append(reframe("".join(meter.last_texts)))
+                        continue
+                    if usage_only and not call.keep_usage_events:
+                        continue
+                    out.append(event)
+                if out:
+                    await send({"type": "http.response.body", "body": b"".join(out),
+                                "more_body": True})
+                    if ctx.first_byte is None:
+                        ctx.first_byte = time.monotonic()
+            if framer.pending.strip():
+                raise aiohttp.ClientPayloadError("the stream ended inside an event")
+            if reframe is not None and call.finish:
+                await send({"type": "http.response.body", "body": call.finish,
+                            "more_body": True})
 
         async def pump() -> None:
             nonlocal error, outcome
             try:
-                async for chunk in upstream.response.content.iter_any():
-                    out = []
-                    for event in framer.feed(chunk):
-                        data = data_of(event)
-                        usage_only = data is not None and meter.observe(data)
-                        if reframe is not None:
-                            if meter.last_texts:
-                                out.append(reframe("".join(meter.last_texts)))
-                            continue
-                        if usage_only and not call.keep_usage_events:
-                            continue
-                        out.append(event)
-                    if out:
-                        await send({"type": "http.response.body", "body": b"".join(out),
-                                    "more_body": True})
-                        if ctx.first_byte is None:
-                            ctx.first_byte = time.monotonic()
-                if framer.pending.strip():
-                    raise aiohttp.ClientPayloadError("stream ended inside an event")
-                if reframe is not None and call.finish:
-                    await send({"type": "http.response.body", "body": call.finish,
-                                "more_body": True})
+                async with asyncio.timeout(None if until is None
+                                           else max(0.0, until - time.monotonic())):
+                    await relay_events()
+            except EventTooLarge as exc:
+                outcome = Outcome.UPSTREAM_BAD_RESPONSE
+                error = ReachError("upstream_bad_response", str(exc))
             except (TimeoutError, aiohttp.ServerTimeoutError):
-                outcome = Outcome.UPSTREAM_TIMEOUT
-                error = ReachError("upstream_timeout", "the agent's stream went idle for "
-                                   f"{self.config.stream_idle_timeout_s:g} s")
+                if until is not None and time.monotonic() >= until:
+                    outcome = Outcome.DEADLINE_EXCEEDED
+                    error = ReachError("deadline_exceeded", "The caller's budget of "
+                                       f"{ctx.caller_budget_ms} ms ran out mid-stream.")
+                else:
+                    outcome = Outcome.UPSTREAM_TIMEOUT
+                    error = ReachError("upstream_timeout", "the agent's stream went idle "
+                                       "(nothing within its idle time-out)")
             except (aiohttp.ClientError, OSError) as exc:
                 outcome = Outcome.UPSTREAM_ERROR
-                error = ReachError("upstream_error", "the agent's stream broke off "
-                                   f"({type(exc).__name__})")
+                # A fixed text by kind: an exception's own text can name the agent's address.
+                error = ReachError("upstream_error", "the agent's stream was cut short or "
+                                   "malformed" if isinstance(exc, aiohttp.ClientPayloadError)
+                                   else "the agent's connection closed mid-stream")
 
         async def watch_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":

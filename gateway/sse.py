@@ -9,28 +9,58 @@ class EventFramer:
     """Feed bytes as they arrive; get back the complete events (each ending in a blank line).
 
     Upstreams flush at arbitrary byte boundaries; relaying half an event would
-    let a client parse a torn ``data:`` line.
+    let a client parse a torn ``data:`` line. An event longer than ``max_event_bytes``
+    raises ``EventTooLarge``: an agent that never ends its event must not fill the
+    gateway's memory. Each byte is searched once (a long event arriving in many pieces
+    was rescanned and recopied on every piece, blocking the loop for seconds at 50 MB).
     """
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, max_event_bytes: int = 10 * 1024 * 1024) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._tail = b""  # the last bytes kept, for a separator split across pieces
+        self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        self._buffer += chunk
         events = []
-        while True:
-            cut = min((i, s) for s in _SEPARATORS if (i := self._buffer.find(s)) != -1) \
-                if any(s in self._buffer for s in _SEPARATORS) else None
+        while chunk:
+            # A separator may begin in the tail of what came before: search the join.
+            window = self._tail + chunk
+            cut = _first_separator(window)
             if cut is None:
+                self._append(chunk)
+                self._tail = window[-3:]
                 return events
             index, separator = cut
-            end = index + len(separator)
-            events.append(self._buffer[:index].replace(b"\r\n", b"\n") + b"\n\n")
-            self._buffer = self._buffer[end:]
+            used = index + len(separator) - len(self._tail)  # bytes of chunk consumed
+            head = window[:index]
+            # What the pending parts hold beyond the tail is already in them; the event
+            # is those parts minus the tail's length, plus the head.
+            body = b"".join(self._parts)
+            body = body[:len(body) - len(self._tail)] + head if self._tail else body + head
+            events.append(body.replace(b"\r\n", b"\n") + b"\n\n")
+            self._parts, self._size, self._tail = [], 0, b""
+            chunk = chunk[used:]
+        return events
+
+    def _append(self, piece: bytes) -> None:
+        self._size += len(piece)
+        if self._size > self._max:
+            raise EventTooLarge(f"an event of the agent's stream is over {self._max} bytes")
+        self._parts.append(piece)
 
     @property
     def pending(self) -> bytes:
-        return self._buffer
+        return b"".join(self._parts)
+
+
+class EventTooLarge(ValueError):
+    pass
+
+
+def _first_separator(data: bytes) -> tuple[int, bytes] | None:
+    found = [(i, s) for s in _SEPARATORS if (i := data.find(s)) != -1]
+    return min(found) if found else None
 
 
 def data_of(event: bytes) -> bytes | None:

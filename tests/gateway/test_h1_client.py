@@ -337,8 +337,15 @@ def test_idle_connections_are_closed_after_their_keep_alive():
     assert (kept, left, last) == (1, 0, b"")
 
 
-@pytest.mark.parametrize("apart", [False, True])
-def test_an_unsolicited_second_reply_is_never_the_next_calls_reply(apart):
+@pytest.mark.parametrize("apart, stale", [
+    (False, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"),
+    (True, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"),
+    # Only the head of a second reply, its body still to come: the next call's reply
+    # would be swallowed as that body (a break test saw the next call hang for good).
+    (False, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 34\r\n\r\n"),
+    (True, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 34\r\n\r\n"),
+])
+def test_an_unsolicited_second_reply_is_never_the_next_calls_reply(apart, stale):
     """An agent that answers one request twice (in one write, or a moment later) must
     not hand its stale second answer to the next call on the kept-alive connection."""
     connections = []
@@ -351,7 +358,6 @@ def test_an_unsolicited_second_reply_is_never_the_next_calls_reply(apart):
             except asyncio.IncompleteReadError:
                 return
             first = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-            stale = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
             if apart:
                 writer.write(first)
                 await writer.drain()
@@ -407,3 +413,50 @@ def test_a_connection_is_not_reused_while_its_request_is_still_being_sent():
 
     body, kept = run(go())
     assert body == b"ok" and kept == 0
+
+
+def test_a_head_line_that_never_ends_is_refused_early_not_buffered():
+    """The parser holds a header line until its end: what it may hold is bounded while
+    the line is still arriving (a break test grew the gateway by 270 MB on one call)."""
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        try:
+            for _ in range(3200):  # up to 200 MiB, never a line end
+                writer.write(b"a" * 65536)
+                await writer.drain()
+        except ConnectionError:
+            pass
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await client.post(url, data=b"{}", headers={},
+                              timeout=aiohttp.ClientTimeout(total=30))
+        except Exception as exc:
+            return exc, loop.time() - started
+        finally:
+            await client.close()
+            server.close()
+
+    exc, _ = run(go())
+    assert isinstance(exc, aiohttp.ClientPayloadError) and "head" in str(exc)
+
+
+def test_identity_is_asked_for_and_an_encoded_reply_is_refused_by_name():
+    import gzip
+
+    body = gzip.compress(b'{"ok": true}')
+
+    async def handler(reader, writer, seen):
+        await read_request(reader, seen)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d"
+                     b"\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+
+    exc, seen = failure(handler)
+    assert b"\r\nAccept-Encoding: identity\r\n" in seen[0]
+    assert isinstance(exc, aiohttp.ClientPayloadError) and "gzip" in str(exc)

@@ -83,3 +83,24 @@ def test_credentials_are_injected_after_routing_and_never_the_callers_key(gatewa
     assert output["query"] == {"api_key": "query-secret-2"}
     assert gateway.key not in str(output)
     assert "header-secret-1" not in response.headers.get("x-request-id", "")
+
+
+def test_the_callers_deadline_ends_a_stream_that_keeps_dripping(gateway):
+    """X-Reach-Deadline-Ms bounds the whole stream, not only its first byte: an agent
+    sending an event every 50 ms for 10 s is cut off at the caller's 1 s, with a
+    ``deadline_exceeded`` error event, and told so by its connection closing."""
+    words = " ".join(f"w{i}" for i in range(200))
+    with gateway.client() as client, client.stream("POST", "/v1/invoke", headers={
+        "X-Reach-Deadline-Ms": "1000"}, json={
+        "capability": "chat.scripted", "stream": True, "input": {"text": f"slowly {words}"},
+    }) as response:
+        assert response.status_code == 200
+        raw = b"".join(response.iter_bytes()).decode()
+    events = [e for e in raw.split("\n\n") if e.strip()]
+    relayed = [e for e in events if "chat.completion.chunk" in e]
+    assert 0 < len(relayed) < 200
+    assert events[-1].startswith("event: error") and "deadline_exceeded" in events[-1]
+    assert not any("[DONE]" in e for e in events)
+    [cancelled] = wait_for(lambda: [s for s in gateway.seen() if "cancelled_at_word" in s],
+                           timeout=5, message="the agent to see its caller's deadline")
+    assert cancelled["cancelled_at_word"] < 200
