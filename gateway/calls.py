@@ -348,7 +348,8 @@ class Caller:
             raise ctx.timed_out() from exc
         except (aiohttp.ClientError, OSError) as exc:
             self._record(instance.pk, ok=False, started=upstream.started)
-            raise ReachError("upstream_error", translate_error(exc).message) from exc
+            failure = translate_error(exc)
+            raise ReachError(failure.code, failure.message) from exc
         finally:
             upstream.response.release()
             upstream.done()

@@ -66,6 +66,11 @@ class ResetBeforeSent(aiohttp.ClientOSError):
     """The agent reset the connection while part of the request was still unsent."""
 
 
+class MalformedReply(aiohttp.ClientPayloadError):
+    """The agent's reply breaks HTTP or this client's limits: the agent's fault, reported
+    as ``upstream_bad_response`` (a reply cut short by the network stays a payload error)."""
+
+
 class _Target:
     """A parsed ``http://`` URL, kept per URL string (agents' URLs are few and fixed)."""
 
@@ -84,8 +89,9 @@ class _Target:
 class _Connection(asyncio.Protocol):
     """One kept-alive connection; reads the reply of the one request in flight on it."""
 
-    def __init__(self, key: tuple[str, int]) -> None:
+    def __init__(self, key: tuple[str, int], session: H1Session) -> None:
         self.key = key
+        self.session = session
         self.transport: asyncio.Transport | None = None
         self.response: H1Response | None = None
         self.closed = False
@@ -113,24 +119,24 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.response is None or self.response.finished:
-            self.close()  # bytes after the reply: nothing more can be trusted on it
+            self._out_of_turn()
             return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(aiohttp.ClientPayloadError("the agent switched protocols"))
+            self._fail(MalformedReply("the agent switched protocols"))
             return
         except httptools.HttpParserError as exc:
             ours = exc.__context__
             self._fail(ours if isinstance(ours, aiohttp.ClientPayloadError) else
-                       aiohttp.ClientPayloadError(f"the agent's reply is malformed ({exc})"))
+                       MalformedReply(f"the agent's reply is malformed ({exc})"))
             return
         if self.response is not None and self.response.status is None:
             # The parser keeps a header line it has not seen the end of: bound what the
             # head may take while it is still arriving, not only once it is complete.
             self._unheaded += len(data)
             if self._unheaded > MAX_HEAD_BYTES:
-                self._fail(aiohttp.ClientPayloadError(
+                self._fail(MalformedReply(
                     f"the agent's reply head is over {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool:
@@ -158,15 +164,15 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise aiohttp.ClientPayloadError(f"reply head over {MAX_HEAD_BYTES} bytes")
+            raise MalformedReply(f"the agent's reply head is over {MAX_HEAD_BYTES} bytes")
         self._headers.append((name, value))
 
     def on_message_begin(self) -> None:
         if self.response is None or self.response.finished:
             # A second reply to one request (within the same read, or before the first
             # was released): whatever it answers, it is not the next call's reply.
-            self.close()
-            raise aiohttp.ClientPayloadError("the agent sent more than one reply")
+            self._out_of_turn()
+            raise MalformedReply("the agent sent more than one reply")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -177,7 +183,7 @@ class _Connection(asyncio.Protocol):
         for name, value in headers:
             if name.lower() == b"content-encoding" and value.strip().lower() != b"identity":
                 # Asked for identity (see post): a body we would pass on undecoded.
-                raise aiohttp.ClientPayloadError(
+                raise MalformedReply(
                     "the agent's reply is encoded (Content-Encoding: "
                     f"{value.decode('latin-1')[:40]}) though the gateway asked for identity")
         self.response._head_in(status, headers)
@@ -192,6 +198,14 @@ class _Connection(asyncio.Protocol):
         self.response._complete(keep_alive=self._parser.should_keep_alive())
 
     # -- ours
+    def _out_of_turn(self) -> None:
+        """Bytes nobody asked for. This connection is closed; and since the same agent may
+        do it again a moment later, after the next request went out on another of its
+        connections (where that reply would pass for the next call's: HTTP/1.1 cannot
+        tell), its connections are not kept for a while (``H1Session.DISTRUST_S``)."""
+        self.close()
+        self.session._distrust(self.key)
+
     def _fail(self, exc: BaseException) -> None:
         if self.response is not None and not self.response.finished:
             self.response._fail(exc)
@@ -411,7 +425,10 @@ class H1Response:
 
 class H1Session:
     """Kept-alive connections to plain-HTTP agents for one keep-alive setting: at most
-    ``max_idle_hosts`` (host, port) keys hold idle connections, each for ``idle_seconds``."""
+    ``max_idle_hosts`` (host, port) keys hold idle connections, each for ``idle_seconds``.
+    An agent that sent bytes out of turn gets no kept connection for ``DISTRUST_S``."""
+
+    DISTRUST_S = 60.0
 
     def __init__(self, policy: EndpointPolicy, *, idle_seconds: float, max_idle_hosts: int,
                  fallback) -> None:
@@ -423,6 +440,7 @@ class H1Session:
         self._resolved: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._fallback = fallback  # () -> aiohttp.ClientSession, for https://
         self._sweeper: asyncio.TimerHandle | None = None
+        self._distrusted: dict[tuple[str, int], float] = {}
         self.closed = False
 
     @property
@@ -511,10 +529,24 @@ class H1Session:
             del self._idle[key]
         return None
 
+    def _distrust(self, key: tuple[str, int]) -> None:
+        if len(self._distrusted) > 4096:
+            self._distrusted.clear()
+        self._distrusted[key] = time.monotonic() + self.DISTRUST_S
+        for connection in self._idle.pop(key, ()):
+            connection.close()
+
     def _give_back(self, connection: _Connection) -> None:
         if self.closed:
             connection.close()
             return
+        if self._distrusted:
+            until = self._distrusted.get(connection.key)
+            if until is not None:
+                if time.monotonic() < until:
+                    connection.close()
+                    return
+                del self._distrusted[connection.key]
         kept = self._idle.get(connection.key)
         if kept is None:
             if len(self._idle) >= self._max_idle_hosts:
@@ -566,7 +598,7 @@ class H1Session:
             try:
                 async with asyncio.timeout(timeout_s):
                     _, connection = await loop.create_connection(
-                        lambda: _Connection(key), address, port)
+                        lambda: _Connection(key, self), address, port)
                 return connection
             except TimeoutError:
                 raise aiohttp.ConnectionTimeoutError(

@@ -515,15 +515,16 @@ class Pipeline:
 
         async def pump() -> None:
             nonlocal error, outcome
+            deadline = asyncio.timeout(None if until is None
+                                       else max(0.0, until - time.monotonic()))
             try:
-                async with asyncio.timeout(None if until is None
-                                           else max(0.0, until - time.monotonic())):
+                async with deadline:
                     await relay_events()
             except EventTooLarge as exc:
                 outcome = Outcome.UPSTREAM_BAD_RESPONSE
                 error = ReachError("upstream_bad_response", str(exc))
             except (TimeoutError, aiohttp.ServerTimeoutError):
-                if until is not None and time.monotonic() >= until:
+                if deadline.expired():  # (the loop's timer may fire a hair early)
                     outcome = Outcome.DEADLINE_EXCEEDED
                     error = ReachError("deadline_exceeded", "The caller's budget of "
                                        f"{ctx.caller_budget_ms} ms ran out mid-stream.")

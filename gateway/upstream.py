@@ -38,7 +38,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
-from gateway.h1 import ConnectFailed, H1Session, ResetBeforeSent
+from gateway.h1 import ConnectFailed, H1Session, MalformedReply, ResetBeforeSent
 from gateway.tunnel import TunnelBadFrame, TunnelDown
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
 
@@ -230,6 +230,8 @@ def translate_error(exc: BaseException) -> UpstreamFailure:
     if isinstance(exc, TunnelDown):
         return UpstreamFailure("upstream_error", f"the agent's tunnel is down ({exc})",
                                delivered=False)
+    if isinstance(exc, MalformedReply):
+        return UpstreamFailure("upstream_bad_response", str(exc), delivered=True)
     if isinstance(exc, TunnelBadFrame):
         return UpstreamFailure("upstream_bad_response", str(exc), delivered=True)
     if isinstance(exc, ConnectFailed | aiohttp.ClientConnectorError):

@@ -444,6 +444,7 @@ def test_a_head_line_that_never_ends_is_refused_early_not_buffered():
 
     exc, _ = run(go())
     assert isinstance(exc, aiohttp.ClientPayloadError) and "head" in str(exc)
+    assert translate_error(exc).code == "upstream_bad_response"  # the agent's fault
 
 
 def test_identity_is_asked_for_and_an_encoded_reply_is_refused_by_name():
@@ -460,3 +461,41 @@ def test_identity_is_asked_for_and_an_encoded_reply_is_refused_by_name():
     exc, seen = failure(handler)
     assert b"\r\nAccept-Encoding: identity\r\n" in seen[0]
     assert isinstance(exc, aiohttp.ClientPayloadError) and "gzip" in str(exc)
+    assert translate_error(exc).code == "upstream_bad_response"
+
+
+def test_an_agent_that_spoke_out_of_turn_gets_no_kept_connection_for_a_while():
+    """A late extra reply may arrive just after the next request went out on another of
+    the agent's connections, where HTTP/1.1 cannot tell it from that request's reply: so
+    once an agent has sent bytes out of turn, none of its connections is kept."""
+    connections = []
+
+    async def handler(reader, writer, seen):
+        connections.append(writer)
+        while True:
+            try:
+                body = await read_request(reader, seen)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            if len(seen) == 1:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+            await writer.drain()
+
+    async def go():
+        server, url, _ = await agent(handler)
+        client = session()
+        bodies, kept = [], []
+        for n in range(4):
+            response = await client.post(url, data=b'{"n":%d}' % n, headers={},
+                                         timeout=TIMEOUT)
+            bodies.append(await response.read())
+            response.release()
+            kept.append(client.idle_connections())
+        await client.close()
+        server.close()
+        return bodies, kept
+
+    bodies, kept = run(go())
+    assert bodies == [b'{"n":%d}' % n for n in range(4)]
+    assert kept == [0, 0, 0, 0] and len(connections) == 4
