@@ -39,21 +39,19 @@ NO_LIMIT = -1
 FIELDS = ("requests", "tokens", "cost")
 
 
-_current_month: tuple[float, str] = (0.0, "")  # (valid until, "YYYY-MM")
+_current_month: tuple[float, str] = (float("-inf"), "")  # (minute start, "YYYY-MM")
 
 
 def month_key(now: float | None = None) -> str:
-    """``"YYYY-MM"`` (UTC) of ``now``, or of the current time: then cached for a minute,
-    since every call asks and the answer changes twelve times a year."""
+    """``"YYYY-MM"`` (UTC) of ``now`` (default: the current time). The answer for the
+    current minute is kept: every call asks, and it changes twelve times a year (the
+    month turns at a minute boundary)."""
     global _current_month
-    if now is not None:
-        return time.strftime("%Y-%m", time.gmtime(now))
-    current = time.time()
-    until, key = _current_month
-    if current >= until:
-        key = time.strftime("%Y-%m", time.gmtime(current))
-        # Valid to the next minute at most: the month turns at a minute boundary.
-        _current_month = (current - current % 60 + 60, key)
+    at = time.time() if now is None else now
+    start, key = _current_month
+    if not start <= at < start + 60:
+        key = time.strftime("%Y-%m", time.gmtime(at))
+        _current_month = (at - at % 60, key)
     return key
 
 

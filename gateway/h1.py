@@ -180,12 +180,6 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             self._informational = True  # 100 Continue and friends: the reply follows
             return
-        for name, value in headers:
-            if name.lower() == b"content-encoding" and value.strip().lower() != b"identity":
-                # Asked for identity (see post): a body we would pass on undecoded.
-                raise MalformedReply(
-                    "the agent's reply is encoded (Content-Encoding: "
-                    f"{value.decode('latin-1')[:40]}) though the gateway asked for identity")
         self.response._head_in(status, headers)
 
     def on_body(self, body: bytes) -> None:
@@ -254,6 +248,7 @@ class H1Response:
         self._read_timeout = read_timeout
         self.status: int | None = None
         self.raw_headers: list[tuple[bytes, bytes]] = []
+        self._fields: dict[bytes, bytes] = {}
         self.framed = True
         self.finished = False  # the whole reply is in, or it failed
         self._keep_alive = False
@@ -275,10 +270,7 @@ class H1Response:
         return self._headers
 
     def _header(self, name: bytes) -> bytes | None:
-        for key, value in self.raw_headers:
-            if len(key) == len(name) and key.lower() == name:
-                return value
-        return None
+        return self._fields.get(name)
 
     @property
     def content_type(self) -> str:
@@ -294,9 +286,17 @@ class H1Response:
 
     # -- what the connection feeds
     def _head_in(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        # By lower-case name, the last one winning (llhttp refuses conflicting lengths).
+        fields = self._fields = {name.lower(): value for name, value in headers}
+        encoding = fields.get(b"content-encoding")
+        if encoding is not None and encoding.strip().lower() != b"identity":
+            # Asked for identity (see post): a body that would be passed on undecoded.
+            raise MalformedReply(
+                "the agent's reply is encoded (Content-Encoding: "
+                f"{encoding.decode('latin-1')[:40]}) though the gateway asked for identity")
         self.status, self.raw_headers = status, headers
-        self.framed = status in (204, 304) or self._header(b"content-length") is not None \
-            or b"chunked" in (self._header(b"transfer-encoding") or b"").lower()
+        self.framed = status in (204, 304) or b"content-length" in fields \
+            or b"chunked" in fields.get(b"transfer-encoding", b"").lower()
         self._wake()
 
     def _feed(self, chunk: bytes) -> None:
