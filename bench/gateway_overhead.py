@@ -412,12 +412,19 @@ def main() -> None:
               f"sse_ttfb_added_p50_ms={sse_added:.3f} cpu_us_per_req={cpu_per_req_us:.0f}")
     finally:
         for proc in (gateway, passthrough, nginx, agent):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen | None, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; always reaped."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

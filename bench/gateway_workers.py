@@ -42,33 +42,13 @@ from bench.gateway_overhead import (  # noqa: E402
     cpu_seconds,
     lua,
     run_wrk,
+    setup_platform,
+    stop,
     wait_port,
 )
 from bench.upstream_clients import free_port, parse_wrk  # noqa: E402
 
 PG_ADMIN = os.environ.get("REACH_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def setup(env: dict, agent_port: int) -> str:
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
-                   check=True)
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    from registry.services import agent_register
-    from registry.spec import AgentSpec, CapabilitySpec
-    from tenants.choices import ApiKeyScope
-    from tenants.models import Quota, Tenant
-    from tenants.services import api_key_create
-
-    tenant = Tenant.objects.create(slug="bench", name="Bench")
-    agent_register(tenant=tenant, spec=AgentSpec(
-        name="bench-echo", endpoint=f"http://{HOST}:{agent_port}/", lease_ttl_seconds=3600,
-        capabilities=(CapabilitySpec(capability_id="bench.echo", path="/echo"),)))
-    Quota.objects.create(tenant=tenant, requests_per_minute=60_000_000, burst=1_000_000,
-                         monthly_requests=1_000_000_000)
-    return api_key_create(tenant=tenant, name="bench", scopes=[ApiKeyScope.INVOKE]).plaintext
 
 
 def main() -> None:
@@ -109,7 +89,7 @@ def main() -> None:
                                   "bench.gateway_overhead:agent_app"], cwd=ROOT, env=env)
         procs.append(agent)
         wait_port(agent_port, agent, "mock agent")
-        key = setup(env, agent_port)
+        key = setup_platform(env, agent_port)
         script = lua("/v1/invoke", '{"capability":"bench.echo","input":{"text":"hello"}}',
                      key)
         results = {}
@@ -135,11 +115,7 @@ def main() -> None:
                 result = parse_wrk(f"w{workers}", args.connections, out)
                 results[workers] = (result, used * 1e6 / max(1, result.requests))
             finally:
-                gateway.terminate()
-                try:
-                    gateway.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
+                stop(gateway, timeout=20)
         print(f"{'workers':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
               f"{'cpu us/req':>10}")
         for workers, (r, cpu) in results.items():
@@ -150,12 +126,7 @@ def main() -> None:
               f"scale={r2.rps / r1.rps:.2f} w1_cpu_us={c1:.0f} w2_cpu_us={c2:.0f}")
     finally:
         for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(proc)
         from django.db import connections
 
         connections.close_all()

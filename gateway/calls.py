@@ -26,6 +26,7 @@ from gateway.tunnel import TunnelHub
 from gateway.upstream import (
     UpstreamFailure,
     UpstreamPools,
+    read_limited,
     reset_before_sent,
     translate_error,
     upload_tracker,
@@ -342,7 +343,9 @@ class Caller:
         """Read and parse a non-streamed reply, within the budget and the size limit."""
         instance = upstream.candidate.instance
         try:
-            body = await self._read_limited(upstream.response)  # within the call's timeout
+            limit = self.config.max_upstream_bytes
+            body = await read_limited(  # within the call's timeout
+                upstream.response, limit, f"the agent's reply is larger than {limit} bytes")
         except TimeoutError as exc:
             self._record(instance.pk, ok=False, started=upstream.started)
             raise ctx.timed_out() from exc
@@ -382,22 +385,6 @@ class Caller:
             raise ReachError("upstream_bad_response",
                                f"the agent's output does not match its output_schema: {detail}")
         return reply
-
-    async def _read_limited(self, response: aiohttp.ClientResponse) -> bytes:
-        limit = self.config.max_upstream_bytes
-        if response.content_length is not None:
-            if response.content_length > limit:
-                raise ReachError("upstream_bad_response",
-                                   f"the agent's reply is larger than {limit} bytes")
-            return await response.read()  # the common case: one await, no loop
-        chunks, size = [], 0
-        async for chunk in response.content.iter_chunked(65536):
-            size += len(chunk)
-            if size > limit:
-                raise ReachError("upstream_bad_response",
-                                   f"the agent's reply is larger than {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _record(self, instance_pk: int, *, ok: bool, started: float) -> None:
         self.breakers.record(instance_pk, ok=ok)

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
-import socket
 import time
 from collections import deque
 from urllib.parse import urlencode, urlsplit
@@ -46,7 +44,7 @@ import aiohttp
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
+from reach_core.endpoints import EndpointPolicy, EndpointRefused, resolve_and_check
 
 MAX_HEAD_BYTES = 64 * 1024
 READ_HIGH_WATER = 256 * 1024
@@ -498,7 +496,7 @@ class H1Session:
             connect_s = timeout.sock_connect if timeout is not None else None
             if total is not None:
                 connect_s = total if connect_s is None else min(connect_s, total)
-            connection = await self._connect(loop, key, connect_s)
+            connection = await self._connect(loop, url, key, connect_s)
         response = H1Response(self, connection, loop, deadline,
                               timeout.sock_read if timeout is not None else None)
         connection.start(response)
@@ -585,10 +583,10 @@ class H1Session:
             self._sweeper = asyncio.get_running_loop().call_later(
                 soonest + self._idle_seconds - now, self._sweep)
 
-    async def _connect(self, loop, key: tuple[str, int], timeout_s: float | None):
+    async def _connect(self, loop, url: str, key: tuple[str, int], timeout_s: float | None):
         host, port = key
         try:
-            addresses = await self._resolve(loop, host, port)
+            addresses = await self._resolve(url, key)
         except EndpointRefused as exc:
             raise ConnectFailed(OSError(f"refused by the endpoint policy: {exc}")) from exc
         except OSError as exc:
@@ -607,19 +605,15 @@ class H1Session:
                 last = exc
         raise ConnectFailed(last or OSError(f"{host} has no address"))
 
-    async def _resolve(self, loop, host: str, port: int) -> list[str]:
-        """The addresses to connect to, each allowed by the endpoint policy."""
-        cached = self._resolved.get((host, port))
+    async def _resolve(self, url: str, key: tuple[str, int]) -> list[str]:
+        """The addresses to connect to, each allowed by the endpoint policy, kept for
+        ``RESOLVE_TTL_S`` per (host, port)."""
+        cached = self._resolved.get(key)
         now = time.monotonic()
         if cached is not None and now - cached[0] < RESOLVE_TTL_S:
             return cached[1]
-        try:
-            addresses = [str(ipaddress.ip_address(host))]
-        except ValueError:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        check_resolved(host, port, addresses, self._policy)
+        addresses = await resolve_and_check(url, self._policy)
         if len(self._resolved) > 4096:
             self._resolved.clear()
-        self._resolved[(host, port)] = (now, addresses)
+        self._resolved[key] = (now, addresses)
         return addresses

@@ -37,6 +37,7 @@ from gateway.calls import Caller
 from gateway.limits import Limit
 from gateway.metrics import TOOL_CALL_DURATION, TOOL_CALLS
 from gateway.protocols.base import thaw
+from gateway.upstream import read_limited
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
@@ -277,7 +278,9 @@ class ToolDoors:
                                        allow_redirects=False,
                                        ssl=ssl_context if ssl_context is not None else True
                                        ) as response:
-                raw = _redacted(await _read_all(response, RESULT_MAX_BYTES), secret)
+                raw = _redacted(await read_limited(
+                    response, RESULT_MAX_BYTES,
+                    f"The tool's answer is larger than {RESULT_MAX_BYTES} bytes."), secret)
                 return response.status, _result(response.content_type, raw)
         except aiohttp.ClientConnectorError as exc:
             raise _Retryable("upstream_error", f"cannot connect to the tool's service "
@@ -308,19 +311,6 @@ class ToolDoors:
             "output_tokens": 0, "cost": 0.0, "latency_ms": int(seconds * 1000),
             "occurred_at": time.time(),
         })
-
-
-async def _read_all(response, limit: int) -> bytes:
-    """The whole answer, refused past ``limit`` bytes (``read(n)`` alone returns what has
-    arrived so far, which cut long answers short)."""
-    parts, size = [], 0
-    async for chunk in response.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise ReachError("upstream_bad_response",
-                             f"The tool's answer is larger than {limit} bytes.")
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def _timed_out(caller_bound: bool, budget_ms: int) -> ReachError:

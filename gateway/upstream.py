@@ -41,6 +41,7 @@ from aiohttp.abc import AbstractResolver
 from gateway.h1 import ConnectFailed, H1Session, MalformedReply, ResetBeforeSent
 from gateway.tunnel import TunnelBadFrame, TunnelDown
 from reach_core.endpoints import EndpointPolicy, EndpointRefused, check_resolved
+from reach_core.errors import ReachError
 
 logger = logging.getLogger(__name__)
 
@@ -249,3 +250,20 @@ def translate_error(exc: BaseException) -> UpstreamFailure:
                                delivered=True)
     return UpstreamFailure("upstream_error", f"calling the agent failed ({type(exc).__name__})",
                            delivered=True)
+
+
+async def read_limited(response, limit: int, too_large: str) -> bytes:
+    """A reply's whole body, refused (``upstream_bad_response``, ``too_large``) past
+    ``limit`` bytes: a declared length before anything is read, else as the body arrives
+    (``read(n)`` alone returns what has arrived so far, which cut long answers short)."""
+    if response.content_length is not None:
+        if response.content_length > limit:
+            raise ReachError("upstream_bad_response", too_large)
+        return await response.read()  # the common case: one await, no loop
+    parts, size = [], 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ReachError("upstream_bad_response", too_large)
+        parts.append(chunk)
+    return b"".join(parts)

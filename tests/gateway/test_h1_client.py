@@ -56,9 +56,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_a_kept_alive_connection_serves_one_call_after_another():
-    connections = []
-
+def answering(connections: list, answer):
+    """A handler that reads request after request on each connection (each connection's
+    writer goes into ``connections``) and lets ``await answer(writer, body, seen)`` reply."""
     async def handler(reader, writer, seen):
         connections.append(writer)
         while True:
@@ -66,8 +66,22 @@ def test_a_kept_alive_connection_serves_one_call_after_another():
                 body = await read_request(reader, seen)
             except asyncio.IncompleteReadError:
                 return
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8"
-                         b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await answer(writer, body, seen)
+    return handler
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_a_kept_alive_connection_serves_one_call_after_another():
+    connections = []
+
+    async def answer(writer, body, seen):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    handler = answering(connections, answer)
 
     async def go():
         server, url, seen = await agent(handler)
@@ -350,22 +364,17 @@ def test_an_unsolicited_second_reply_is_never_the_next_calls_reply(apart, stale)
     not hand its stale second answer to the next call on the kept-alive connection."""
     connections = []
 
-    async def handler(reader, writer, seen):
-        connections.append(writer)
-        while True:
-            try:
-                body = await read_request(reader, seen)
-            except asyncio.IncompleteReadError:
-                return
-            first = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-            if apart:
-                writer.write(first)
-                await writer.drain()
-                await asyncio.sleep(0)
-                writer.write(stale)
-            else:
-                writer.write(first + stale)
+    async def answer(writer, body, seen):
+        if apart:
+            writer.write(ok(body))
             await writer.drain()
+            await asyncio.sleep(0)
+            writer.write(stale)
+        else:
+            writer.write(ok(body) + stale)
+        await writer.drain()
+
+    handler = answering(connections, answer)
 
     async def go():
         server, url, _ = await agent(handler)
@@ -470,17 +479,13 @@ def test_an_agent_that_spoke_out_of_turn_gets_no_kept_connection_for_a_while():
     once an agent has sent bytes out of turn, none of its connections is kept."""
     connections = []
 
-    async def handler(reader, writer, seen):
-        connections.append(writer)
-        while True:
-            try:
-                body = await read_request(reader, seen)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            if len(seen) == 1:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
-            await writer.drain()
+    async def answer(writer, body, seen):
+        writer.write(ok(body))
+        if len(seen) == 1:
+            writer.write(ok(b"stale"))
+        await writer.drain()
+
+    handler = answering(connections, answer)
 
     async def go():
         server, url, _ = await agent(handler)
