@@ -1,24 +1,38 @@
 """Gateway overhead: the same mock agent called directly and through one gateway process.
 
-    .venv/bin/python bench/gateway_overhead.py [--duration 5]
+    .venv/bin/python bench/gateway_overhead.py [--duration 5] [--agent openai|raw]
 
-Starts a mock agent (a raw ASGI app on uvicorn: ``POST /echo`` answers JSON,
-``POST /stream`` answers four SSE events) and the platform's ASGI app on
-uvicorn, one process, embedded mode (SQLite control plane, in-process bus),
-with the mock agent registered and a tenant key. Every gateway call goes
-through authentication (prefix + SHA-256 compare), routing (filters, scores,
-smooth weighted round robin), input validation, a rate limit and a monthly budget (the
-tenant's quota, far above the load), the adapter, the breaker and a usage event: nothing
-is switched off.
+Starts a mock agent and the platform's ASGI app on uvicorn, one process, embedded mode
+(SQLite control plane, in-process bus), with the mock agent registered and a tenant key.
+Every gateway call goes through authentication (prefix + SHA-256 compare), routing
+(filters, scores, smooth weighted round robin), input validation, a rate limit and a
+monthly budget (the tenant's quota, far above the load), the adapter, the breaker and a
+usage event: nothing is switched off.
 
-wrk (``apt-get install wrk``) drives ``POST /echo`` directly and ``POST
-/v1/invoke`` through the gateway at concurrency 1 and 32; a Python client
-measures SSE time to first event, direct vs gateway, interleaved. All traffic
-stays on 127.0.0.1; every run is bounded by ``--duration``. Prints figures,
-asserts nothing.
+The agent (``--agent``):
 
-The gateway's CPU time per request is read from ``/proc/<pid>/stat`` (user + system)
-around the concurrency-32 run: a figure less noisy than throughput on a shared machine.
+- ``openai`` (default): the issue's "trivial OpenAI-compatible agent", written the way an
+  agent team writes one: a Starlette app on uvicorn (FastAPI's core) answering ``POST
+  /v1/chat/completions`` with a chat completion, or its chunks when asked to stream. It
+  costs about 100 us of CPU per call, like the agent behind the issue's table (there nginx
+  reached 0.593 of direct at 69 us per request: 0.593 = a / (a + 69) gives a = 100 us).
+  The agent's and nginx's CPU per request are printed, so the calibration is checked in
+  every run.
+- ``raw``: a raw ASGI app (about 25 us per call), the cheapest agent uvicorn can serve.
+  Against it any proxy's throughput ratio is lowest: it shows what the proxy costs, not
+  what a caller of a real agent sees.
+
+The proxy and the agent share core 0 (``taskset``), so at concurrency 32 the throughput
+ratio is about agent CPU / (agent CPU + proxy CPU).
+
+wrk (``apt-get install wrk``) drives the agent directly and the gateway's ``POST
+/v1/invoke`` at concurrency 1 and 32; a Python client measures SSE time to first event,
+direct vs gateway, interleaved. nginx (1 worker, kept-alive upstream) is measured too when
+installed. All traffic stays on 127.0.0.1; every run is bounded by ``--duration``.
+Prints figures, asserts nothing.
+
+CPU time per request is read from ``/proc/<pid>/stat`` (user + system) around the
+concurrency-32 run: a figure less noisy than throughput on a shared machine.
 
 Last line: ``gateway c1_added_p50_ms=<x> c32_ratio=<x> sse_ttfb_added_p50_ms=<x>
 cpu_us_per_req=<x>``
@@ -27,6 +41,8 @@ cpu_us_per_req=<x>``
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import shutil
 import socket
@@ -48,26 +64,36 @@ from bench.upstream_clients import free_port, parse_wrk  # noqa: E402
 
 HOST = "127.0.0.1"
 SERVER_CPU, LOAD_CPU = 0, 1
+CHAT_PATH = "/v1/chat/completions"
 ECHO = b'{"reply":"hello from the mock agent","tokens":{"in":3,"out":5}}'
 SSE = b"".join(b'data: {"choices":[{"index":0,"delta":{"content":"tok%d "}}]}\n\n' % i
                for i in range(4)) + b"data: [DONE]\n\n"
 
 
 AGENT_CPU_S = float(os.environ.get("BENCH_AGENT_CPU_US", "0")) / 1e6
+SSE_GAP_S = float(os.environ.get("BENCH_SSE_GAP_MS", "0")) / 1e3
 
 
-async def agent_app(scope, receive, send) -> None:
-    """The mock agent: as cheap as an HTTP server gets, so the gateway's cost shows; with
-    ``--agent-cpu-us`` it also spends that much CPU on each request (a real agent's work)."""
-    if scope["type"] != "http":
-        return
-    while (await receive()).get("more_body"):
-        pass
+def spend_agent_cpu() -> None:
     if AGENT_CPU_S:
         until = time.thread_time() + AGENT_CPU_S
         while time.thread_time() < until:
             pass
-    if scope["path"] == "/stream":
+
+
+async def raw_agent_app(scope, receive, send) -> None:
+    """The cheapest agent: a raw ASGI app answering canned bytes, so the proxy's own cost
+    shows; with ``--agent-cpu-us`` it also spends that much CPU on each request."""
+    if scope["type"] != "http":
+        return
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    spend_agent_cpu()
+    if b'"stream":true' in b"".join(chunks):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "body": SSE})
@@ -78,12 +104,55 @@ async def agent_app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": ECHO})
 
 
+def openai_agent_app():
+    """A trivial OpenAI-compatible agent as agent teams write them: Starlette routes, the
+    request parsed, a chat completion built and serialised per call."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def chat(request: Request):
+        body = await request.json()
+        spend_agent_cpu()
+        prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+        model = body.get("model") or "mock"
+        if body.get("stream"):
+            async def chunks():
+                for i in range(3):
+                    # A model producing tokens: the agent is idle between events.
+                    await asyncio.sleep(SSE_GAP_S)
+                    chunk = {"id": completion_id, "object": "chat.completion.chunk",
+                             "model": model, "choices": [{"index": 0, "delta": {
+                                 "content": f"tok{i} "}, "finish_reason": None}]}
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": 4,
+                         "total_tokens": len(prompt.split()) + 4}
+                last = {"id": completion_id, "choices": [], "usage": usage}
+                yield f"data: {json.dumps(last)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        return JSONResponse({
+            "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "hello from the mock agent"}}],
+            "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": 5,
+                      "total_tokens": len(prompt.split()) + 5},
+        })
+
+    return Starlette(routes=[Route(CHAT_PATH, chat, methods=["POST"])])
+
+
 _PASS_SESSION = None
 
 
 async def passthrough_app(scope, receive, send) -> None:
     """The bare pass-through baseline: the gateway's own HTTP stack (uvicorn in, aiohttp
-    out, one keep-alive pool) and nothing else, no auth, routing or metering."""
+    out, one keep-alive pool) and nothing else, no auth, routing or metering. Like nginx
+    here, it sends every request to the agent's chat path and relays the reply."""
     global _PASS_SESSION
     if scope["type"] != "http":
         return
@@ -98,12 +167,11 @@ async def passthrough_app(scope, receive, send) -> None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             break
-    path = "/stream" if scope["path"] == "/v1/invoke" and b'"stream":true' in chunks[0] \
-        else "/echo"
-    async with _PASS_SESSION.post(f"http://{HOST}:{os.environ['BENCH_AGENT_PORT']}{path}",
-                                  data=b"".join(chunks)) as upstream:
+    async with _PASS_SESSION.post(f"http://{HOST}:{os.environ['BENCH_AGENT_PORT']}{CHAT_PATH}",
+                                  data=b"".join(chunks),
+                                  headers={"content-type": "application/json"}) as upstream:
         headers = [(b"content-type", upstream.headers["content-type"].encode())]
-        if path == "/echo":
+        if not upstream.headers["content-type"].startswith("text/event-stream"):
             body = await upstream.read()
             headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": upstream.status,
@@ -115,6 +183,10 @@ async def passthrough_app(scope, receive, send) -> None:
         async for chunk in upstream.content.iter_any():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+AGENT_APPS = {"openai": ["--factory", "bench.gateway_overhead:openai_agent_app"],
+              "raw": ["bench.gateway_overhead:raw_agent_app"]}
 
 
 def pinned(command: list[str], cpu: int) -> list[str]:
@@ -158,23 +230,53 @@ def run_wrk(script: Path, port: int, threads: int, connections: int, duration: i
     ).stdout
 
 
-def first_event_ms(port: int, path: str, body: bytes, key: str | None) -> float:
-    """Milliseconds from sending the request to receiving the first SSE ``data:`` bytes."""
-    head = (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n")
-    if key:
-        head += f"Authorization: Bearer {key}\r\n"
-    request = head.encode() + b"\r\n" + body
-    with socket.create_connection((HOST, port), timeout=10) as sock:
+class StreamCaller:
+    """A caller of one target's SSE endpoint over one kept-alive connection (as an SDK's
+    pool keeps it), or over a new connection per request with ``fresh=True``."""
+
+    def __init__(self, port: int, path: str, body: bytes, key: str | None, *,
+                 fresh: bool = False) -> None:
+        head = (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n")
+        if fresh:
+            head += "Connection: close\r\n"
+        if key:
+            head += f"Authorization: Bearer {key}\r\n"
+        self.request = head.encode() + b"\r\n" + body
+        self.port, self.path, self.fresh = port, path, fresh
+        self.sock: socket.socket | None = None
+
+    def first_event_ms(self) -> float:
+        """Milliseconds from sending the request to receiving the first SSE ``data:``
+        bytes; the rest of the stream is read to its end, as a caller does."""
+        if self.sock is None:
+            self.sock = socket.create_connection((HOST, self.port), timeout=10)
+        sock = self.sock
         started = time.perf_counter()
-        sock.sendall(request)
+        sock.sendall(self.request)
         seen = b""
         while b"data:" not in seen:
             chunk = sock.recv(65536)
             if not chunk:
-                raise RuntimeError(f"no SSE event from {path}: {seen[:600]!r}")
+                raise RuntimeError(f"no SSE event from {self.path}: {seen[:600]!r}")
             seen += chunk
-        return (time.perf_counter() - started) * 1000
+        first = (time.perf_counter() - started) * 1000
+        # The stream ends with [DONE] and, chunked, the last chunk.
+        while not (b"[DONE]" in seen and seen.endswith(b"0\r\n\r\n")):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            seen += chunk
+        if b"[DONE]" not in seen:
+            raise RuntimeError(f"the stream from {self.path} ended early: {seen[-600:]!r}")
+        if self.fresh or not seen.endswith(b"0\r\n\r\n"):
+            self.close()
+        return first
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def profile_start(pid: int, duration: int, out: str) -> subprocess.Popen:
@@ -225,7 +327,7 @@ http {{
   upstream agent {{ server {HOST}:{agent_port}; keepalive 64; }}
   server {{
     listen {HOST}:{port};
-    location / {{ proxy_pass http://agent/echo; proxy_http_version 1.1;
+    location / {{ proxy_pass http://agent; proxy_buffering off; proxy_http_version 1.1;
                  proxy_set_header Connection ""; }}
   }}
 }}
@@ -270,11 +372,11 @@ def setup_platform(env: dict, agent_port: int) -> str:
     endpoint = f"http://{HOST}:{agent_port}/"
     # A lease longer than the run: the mock agent does not heartbeat.
     agent_register(tenant=tenant, spec=AgentSpec(
-        name="bench-echo", endpoint=endpoint, lease_ttl_seconds=3600,
-        capabilities=(CapabilitySpec(capability_id="bench.echo", path="/echo"),)))
+        name="bench-chat", protocol="openai", endpoint=endpoint, lease_ttl_seconds=3600,
+        capabilities=(CapabilitySpec(capability_id="bench.chat", path=CHAT_PATH),)))
     agent_register(tenant=tenant, spec=AgentSpec(
         name="bench-stream", protocol="openai", endpoint=endpoint, lease_ttl_seconds=3600,
-        capabilities=(CapabilitySpec(capability_id="bench.stream", path="/stream",
+        capabilities=(CapabilitySpec(capability_id="bench.stream", path=CHAT_PATH,
                                      kind="stream"),)))
     # Limits and budgets on: every call debits a token bucket and reserves and settles a
     # monthly budget (both far above the load, so none is refused).
@@ -288,7 +390,13 @@ def setup_platform(env: dict, agent_port: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=int, default=5)
-    parser.add_argument("--sse-samples", type=int, default=300)
+    parser.add_argument("--sse-samples", type=int, default=100)
+    parser.add_argument("--sse-gap-ms", type=float, default=50.0,
+                        help="the openai agent waits this long before each streamed "
+                        "event (the issue's 50 ms agent)")
+    parser.add_argument("--agent", choices=("openai", "raw"), default="openai",
+                        help="the mock agent: a trivial OpenAI-compatible Starlette app "
+                        "(default, about 100 us per call) or a raw ASGI app (about 25 us)")
     parser.add_argument("--agent-cpu-us", type=float, default=0.0,
                         help="CPU the mock agent spends per request (default 0: the "
                         "cheapest agent, where any proxy's ratio is lowest)")
@@ -314,8 +422,9 @@ def main() -> None:
     passthrough_port, nginx_port = free_port(), free_port()
     env["BENCH_AGENT_PORT"] = str(agent_port)
     env["BENCH_AGENT_CPU_US"] = str(args.agent_cpu_us)
+    env["BENCH_SSE_GAP_MS"] = str(args.sse_gap_ms)
     agent = subprocess.Popen(pinned([*uvicorn, "--port", str(agent_port),
-                                     "bench.gateway_overhead:agent_app"], SERVER_CPU),
+                                     *AGENT_APPS[args.agent]], SERVER_CPU),
                              cwd=ROOT, env=env)
     gateway = passthrough = nginx = None
     try:
@@ -333,13 +442,14 @@ def main() -> None:
         if nginx is not None:
             wait_port(nginx_port, nginx, "nginx")
 
-        direct = lua("/echo", '{"text":"hello agent"}', None)
+        messages = '[{"role":"user","content":"hello agent"}]'
+        direct = lua(CHAT_PATH, f'{{"model":"mock","messages":{messages}}}', None)
         through = lua("/v1/invoke",
-                      '{"capability":"bench.echo","input":{"text":"hello agent"}}', key)
+                      f'{{"capability":"bench.chat","input":{{"messages":{messages}}}}}', key)
         import httpx
 
         check = httpx.post(f"http://{HOST}:{gateway_port}/v1/invoke",
-                           json={"capability": "bench.echo", "input": {"text": "x"}},
+                           json={"capability": "bench.chat", "input": {"text": "x"}},
                            headers={"Authorization": f"Bearer {key}"})
         if check.status_code != 200:
             raise SystemExit(f"the gateway does not answer the bench call: {check.text}")
@@ -348,7 +458,7 @@ def main() -> None:
         targets = [("direct", direct, agent_port, agent)]
         if nginx is not None:
             targets.append(("nginx", direct, nginx_port, nginx))
-        targets += [("bare", through, passthrough_port, passthrough),
+        targets += [("bare", direct, passthrough_port, passthrough),
                     ("gateway", through, gateway_port, gateway)]
         for name, script, port, proc in targets:
             run_wrk(script, port, 2, 32, 1)  # warm-up: pools, caches, JIT-free but warm
@@ -379,30 +489,48 @@ def main() -> None:
                   f"cpu_us_per_req={cpu_us['nginx']:.0f}; at c32 the gateway does "
                   f"{rps['gateway'] / rps['nginx']:.2f} of nginx's req/s, the bare "
                   f"pass-through {rps['bare'] / rps['nginx']:.2f}")
+        print(f"agent: {args.agent}, CPU per call {cpu_us['direct']:.0f} us "
+              f"(plus --agent-cpu-us {args.agent_cpu_us:.0f})")
         c1_added = results[("gateway", 1)].p50_ms - results[("direct", 1)].p50_ms
         c32_ratio = results[("gateway", 32)].rps / results[("direct", 32)].rps
 
-        direct_ttfb, bare_ttfb, gateway_ttfb = [], [], []
         stream_body = b'{"capability":"bench.stream","stream":true,"input":{"text":"hi"}}'
+        chat_stream = (b'{"model":"mock","stream":true,'
+                       b'"messages":[{"role":"user","content":"hi"}]}')
+        stream_callers = {"direct": (agent_port, CHAT_PATH, chat_stream, None),
+                          "bare": (passthrough_port, CHAT_PATH, chat_stream, None),
+                          "gateway": (gateway_port, "/v1/invoke", stream_body, key)}
+        if nginx is not None:
+            stream_callers["nginx"] = (nginx_port, CHAT_PATH, chat_stream, None)
         cpu_before = {name: cpu_seconds(proc.pid) for name, proc in
                       (("bare", passthrough), ("gateway", gateway))}
         sse_profile = f"{args.profile}.sse" if args.profile else None
         spy = profile_start(gateway.pid, 600, sse_profile) if sse_profile else None
-        for _ in range(args.sse_samples):
-            direct_ttfb.append(first_event_ms(agent_port, "/stream", b"{}", None))
-            bare_ttfb.append(first_event_ms(passthrough_port, "/v1/invoke", stream_body, None))
-            gateway_ttfb.append(first_event_ms(gateway_port, "/v1/invoke", stream_body, key))
+        ttfb: dict[tuple[str, bool], list[float]] = {}
+        for fresh in (False, True):
+            callers = {name: StreamCaller(*target, fresh=fresh)
+                       for name, target in stream_callers.items()}
+            for _ in range(args.sse_samples):
+                for name, caller in callers.items():
+                    ttfb.setdefault((name, fresh), []).append(caller.first_event_ms())
+            for caller in callers.values():
+                caller.close()
         if spy is not None:
             spy.send_signal(2)  # py-spy writes what it has on SIGINT
             spy.wait(timeout=60)
-        sse_cpu = {name: (cpu_seconds(proc.pid) - cpu_before[name]) * 1e6 / args.sse_samples
+        sse_cpu = {name: (cpu_seconds(proc.pid) - cpu_before[name]) * 1e6
+                   / (2 * args.sse_samples)
                    for name, proc in (("bare", passthrough), ("gateway", gateway))}
-        sse_added = statistics.median(gateway_ttfb) - statistics.median(direct_ttfb)
-        print(f"SSE first event: direct p50 {statistics.median(direct_ttfb):.3f} ms, bare "
-              f"p50 {statistics.median(bare_ttfb):.3f} ms, gateway "
-              f"p50 {statistics.median(gateway_ttfb):.3f} ms ({args.sse_samples} each, "
-              "new connection per request); CPU per stream: bare "
+        p50 = {key: statistics.median(values) for key, values in ttfb.items()}
+        for fresh in (False, True):
+            added = "  ".join(f"{name} +{p50[(name, fresh)] - p50[('direct', fresh)]:.3f}"
+                              for name in stream_callers if name != "direct")
+            print(f"SSE first event ({args.sse_gap_ms:.0f} ms agent, {args.sse_samples} "
+                  f"each, {'new connection per request' if fresh else 'kept-alive'}): "
+                  f"direct p50 {p50[('direct', fresh)]:.3f} ms; added {added}")
+        print(f"CPU per stream (with what the process does meanwhile): bare "
               f"{sse_cpu['bare']:.0f} us, gateway {sse_cpu['gateway']:.0f} us")
+        sse_added = p50[("gateway", False)] - p50[("direct", False)]
         if args.profile:
             print("-- concurrency 32, JSON --")
             print_profile(Path(args.profile))
