@@ -7,6 +7,7 @@ once; it keeps the table current from then on in background threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -153,10 +154,13 @@ def start_route_subscriber(snapshot_path=None) -> RouteRuntime:
     return RouteRuntime(subscriber).start()
 
 
+@functools.cache
 def _libc():
     import ctypes
     import ctypes.util
 
+    # Looked up once: find_library forks ``ldconfig -p`` on every call, and this runs
+    # every few ticks in a process that may hold a fleet's table.
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
