@@ -177,6 +177,62 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
         "chart", "graph", "plot", "visualize", "visualise", "dashboard", "bar chart",
         "line chart", "pie chart", "图表", "可视化", "柱状图", "折线图", "饼图", "画个图",
     ),
+    "remind": (
+        "remind", "reminder", "reminders", "nudge me", "ping me", "don't let me forget",
+        "alert me", "提醒", "提个醒", "别忘了", "别让我忘", "闹钟",
+    ),
+    "report": (
+        "report", "reports", "weekly report", "monthly report", "kpi", "kpis",
+        "报告", "报表", "周报", "月报", "季报", "年报", "经营分析",
+    ),
+    "slides": (
+        "slides", "slide deck", "deck", "presentation", "powerpoint", "ppt", "keynote",
+        "幻灯片", "演示文稿", "演示", "汇报材料",
+    ),
+    "recruiting": (
+        "resume", "resumes", "résumé", "cv", "cvs", "candidate", "candidates", "applicant",
+        "applicants", "shortlist", "hiring", "job description", "简历", "候选人", "应聘",
+        "招聘", "求职", "筛简历",
+    ),
+    "password": (
+        "password", "passcode", "locked out", "reset my login", "can't log in",
+        "cannot log in", "密码", "登不上", "登录不了", "账号被锁", "解锁账号",
+    ),
+    "it_support": (
+        "laptop", "printer", "wifi", "wi-fi", "vpn", "crash", "crashes", "won't start",
+        "not working", "helpdesk", "help desk", "it support", "电脑", "打印机",
+        "网络", "蓝屏", "死机", "打不开", "报修", "工单",
+    ),
+    "payroll": (
+        "payslip", "pay slip", "salary slip", "payroll", "salary", "wage", "wages",
+        "pay stub", "paycheck", "工资", "工资条", "薪资", "薪水", "个税", "社保", "公积金",
+    ),
+    "survey": (
+        "survey", "questionnaire", "poll", "feedback form", "问卷", "调查", "调研",
+        "满意度", "投票", "表单",
+    ),
+    "travel": (
+        "flight", "flights", "hotel", "train ticket", "business trip", "itinerary", "book a trip",
+        "机票", "酒店", "火车票", "高铁", "出差", "行程", "航班",
+    ),
+    "read_aloud": (
+        "text to speech", "text-to-speech", "tts", "read aloud", "read it out", "voiceover",
+        "voice-over", "narrate", "narration", "朗读", "配音", "念出来", "读出来", "语音播报",
+        "合成语音",
+    ),
+    "spreadsheet": (
+        "spreadsheet", "excel", "csv", "duplicates", "dedupe", "deduplicate", "columns",
+        "cells", "表格", "去重", "单元格", "拆分列", "合并列", "清洗",
+    ),
+    "calculate": (
+        "calculate", "calculation", "compute", "interest rate", "compound interest",
+        "percentage", "how many days", "计算", "算一下", "算算", "利息", "换算", "百分比",
+        "折合",
+    ),
+    "compliance": (
+        "legal advice", "lawful", "illegal", "compliance", "labour law", "labor law",
+        "regulation", "regulations", "合规", "违法", "合法", "法规", "劳动法", "法律",
+    ),
     "news": (
         "news", "headlines", "briefing", "latest", "today's", "新闻", "资讯", "早报", "快讯",
         "热点", "动态", "简报",

@@ -78,7 +78,7 @@ def test_the_catalogue_and_the_sealed_set_are_what_the_protocol_asks():
 def test_the_development_set_keeps_its_floor(index):
     """A regression guard on data nothing was chosen on (figures: bench/routing.py)."""
     report = evaluate(index, load_requests(EVAL / "dev.jsonl"))
-    assert report.top1.rate >= 0.68, report.top1
+    assert report.top1.rate >= 0.74, report.top1
     assert report.wrongly_refused.rate <= 0.03, report.wrongly_refused
     assert report.plans.rate >= 0.6, report.plans
 
@@ -340,3 +340,39 @@ def test_a_request_of_hundreds_of_parts_is_matched_in_at_most_five_steps(index, 
     match = index.match("，".join(["发邮件"] * 500))
     assert len(scored) <= 5 and len(match.clauses) == 5
     assert len(match.plan) <= 5
+
+
+# ---- the concept lexicon --------------------------------------------------------------
+
+# Close neighbours, each described in one language only; each request is in the other
+# language or says it the everyday way, and shares no content word with its capability's
+# description, so only the lexicon's concepts (by words alone) can bring the two together.
+NEIGHBOURS = [
+    CapabilityText("reminder.set", "Reminders",
+                   "Personal notifications at a chosen time; one-off or recurring."),
+    CapabilityText("calendar.schedule", "日程安排", "创建会议邀请，查找参会人的共同空闲时间。"),
+    CapabilityText("hr.payslip", "Payroll statements",
+                   "Shows an employee's monthly salary breakdown and deductions."),
+    CapabilityText("hr.leave", "请假", "提交年假、病假申请并查询剩余假期。"),
+    CapabilityText("speech.tts", "Text to speech", "Natural-sounding narration for any text."),
+    CapabilityText("speech.transcribe", "语音转写", "把会议或访谈录音转写成文字稿。"),
+    CapabilityText("slides.generate", "演示文稿", "根据提纲生成 PPT，套用公司模板。"),
+    CapabilityText("report.business", "Business reports",
+                   "Weekly and monthly KPI summaries with charts and commentary."),
+]
+
+
+@pytest.mark.parametrize(("request_text", "expected"), [
+    ("明早九点提醒我交报销单", "reminder.set"),
+    ("ping me at 4 to call the bank", "reminder.set"),
+    ("帮我看看上个月的工资条", "hr.payslip"),
+    ("I want to take two days off next week", "hr.leave"),
+    ("把这段欢迎词读出来，要女声", "speech.tts"),
+    ("I need this interview audio as text, word for word", "speech.transcribe"),
+    ("turn my outline into a deck for the board", "slides.generate"),
+    ("给老板出一份本月的经营分析月报", "report.business"),
+])
+def test_the_lexicon_brings_everyday_and_cross_language_wording_to_its_capability(
+        request_text, expected):
+    match = IntentIndex(NEIGHBOURS).match(request_text)
+    assert match.best is not None and match.best.capability_id == expected, match.ranked
