@@ -25,7 +25,15 @@ import numpy as np
 from immutables import Map
 
 from routing.semantic import Vectors, background_floor, negatives, units
-from routing.text import TO_LANGUAGE, clauses, features, normalise, stem, words
+from routing.text import (
+    TO_LANGUAGE,
+    clauses,
+    features,
+    normalise,
+    stem,
+    without_addresses,
+    words,
+)
 
 EXACT_SCORE = 1.0
 # Without an embedder a score is half the lexical match, and 0.05 is enough.
@@ -453,7 +461,7 @@ class IntentIndex:
     def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None
                 ) -> tuple[list[Score], list[Score]]:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
-        stripped = text.strip()
+        stripped = without_addresses(text).strip()
         if self._embedder is None:
             lexical = self.lexical(stripped, allowed)
             matched = [Score(self._texts[i].capability_id, round(LEXICAL_WEIGHT * v, 6), 0.0, v)

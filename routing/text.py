@@ -42,6 +42,21 @@ def stem(word: str) -> str:
     return word
 
 
+# Addresses are parameters of a request, not its meaning: "send it to legal@corp.com"
+# is about sending an email, not about legal matters. Each is read as what it is.
+_EMAIL_ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_LINK = re.compile(r"\bhttps?://\S+|\bwww\.\S+")
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with each email address read as "email address" and each link as "link"."""
+    if "@" in text:
+        text = _EMAIL_ADDRESS.sub(" email address ", text)
+    if "http" in text or "www." in text:
+        text = _LINK.sub(" link ", text)
+    return text
+
+
 def normalise(text: str) -> str:
     return unicodedata.normalize("NFKC", text).lower()
 

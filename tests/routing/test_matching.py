@@ -376,3 +376,27 @@ def test_the_lexicon_brings_everyday_and_cross_language_wording_to_its_capabilit
         request_text, expected):
     match = IntentIndex(NEIGHBOURS).match(request_text)
     assert match.best is not None and match.best.capability_id == expected, match.ranked
+
+
+# ---- addresses are parameters -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("把这个报价单发到 finance-invoice@acme.cn", "email.send"),
+    ("Summarize this article https://weather.example.com/typhoon-report-2024 in three bullets",
+     "doc.summarize"),
+    ("翻译一下 https://news.example.com/refund-policy 这篇文章", "translate.text"),
+])
+def test_the_words_inside_an_address_or_a_link_do_not_pick_the_capability(index, text, expected):
+    # Before addresses were read as what they are, these went to finance.invoice_issue,
+    # weather.forecast and refund.request.
+    match = index.match(text)
+    assert match.best is not None and match.best.capability_id == expected, match.ranked
+
+
+def test_an_address_alone_is_read_as_email():
+    from routing.text import without_addresses
+
+    assert without_addresses("cc li.na+ops@corp.example.com and www.example.org/x?y=1") \
+        == "cc  email address  and  link "
+    assert without_addresses("no address here, 3 @ 5") == "no address here, 3 @ 5"
