@@ -155,7 +155,7 @@ _SPLITTERS = re.compile(
     rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)"
     r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"
     r"|\bonce (?:done|that'?s done|finished)\b|\bwhen (?:done|finished)\b"
-    r"|\bfollowed by\b|\bplus\b"
+    r"|\bfollowed by\b|\bplus\b|\band,?\s+(?=if\b)"
     rf"|\band(?=\s+(?:{_EN_VERBS})\b)|[;；])",
     re.IGNORECASE,
 )

@@ -207,6 +207,11 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
     assert clauses("合并两个表格") == ["合并两个表格"]
     assert clauses("帮忙看下这个 diff 的并发问题") == ["帮忙看下这个 diff 的并发问题"]
     assert clauses("写完然后ok") == ["写完 ok"]  # "ok" names nothing: not a step
+    # A condition starts the step it governs, and stays with it.
+    assert clauses("find invoice 5521 and, if it is unpaid, remind the client") == [
+        "find invoice 5521", "if it is unpaid, remind the client"]
+    assert clauses("check stock and if none is left reorder") == [
+        "check stock", "if none is left reorder"]
 
 
 # ---- learned phrases ------------------------------------------------------------------
