@@ -179,6 +179,10 @@ def to_agent_names(capability: CapabilityEntry, payload: dict) -> dict:
     return out
 
 
+# The loop's timers may fire a hair early: a budget this close to its end is spent.
+TIMER_SLACK_S = 0.005
+
+
 @dataclass
 class Upstream:
     """An open upstream reply: the gateway reads it (JSON) or relays it (stream)."""
@@ -187,6 +191,7 @@ class Upstream:
     response: Any  # gateway.h1.H1Response, aiohttp's or a tunnel's: the same reading
     started: float
     slot: Any = None  # the agent's connection slot, given back by ``done``
+    budget_s: float = 0.0  # what this attempt had to answer in, whole reply included
 
     def done(self) -> None:
         """Give the connection slot back (idempotent); the response is released apart."""
@@ -307,7 +312,7 @@ class Caller:
             ctx.answered = time.monotonic()
         except TimeoutError as exc:
             timed_out = True
-            self._record(instance.pk, ok=False, started=started)
+            self._record_timeout(instance.pk, ctx, started=started, budget_s=seconds)
             if ctx.remaining_ms() <= 1:
                 raise ctx.timed_out() from exc
             raise translate_error(exc) from exc
@@ -337,7 +342,8 @@ class Caller:
             response.release()
             self._record(instance.pk, ok=True, started=started)
             raise refusal(response.status)
-        return Upstream(candidate=candidate, response=response, started=started, slot=slot)
+        return Upstream(candidate=candidate, response=response, started=started, slot=slot,
+                        budget_s=seconds)
 
     async def read(self, upstream: Upstream, ctx: CallContext) -> AgentResponse:
         """Read and parse a non-streamed reply, within the budget and the size limit."""
@@ -347,7 +353,8 @@ class Caller:
             body = await read_limited(  # within the call's timeout
                 upstream.response, limit, f"the agent's reply is larger than {limit} bytes")
         except TimeoutError as exc:
-            self._record(instance.pk, ok=False, started=upstream.started)
+            self._record_timeout(instance.pk, ctx, started=upstream.started,
+                                 budget_s=upstream.budget_s)
             raise ctx.timed_out() from exc
         except (aiohttp.ClientError, OSError) as exc:
             self._record(instance.pk, ok=False, started=upstream.started)
@@ -386,9 +393,20 @@ class Caller:
                                f"the agent's output does not match its output_schema: {detail}")
         return reply
 
+    def _record_timeout(self, instance_pk: int, ctx: CallContext, *, started: float,
+                        budget_s: float) -> None:
+        """A time-out is the agent's failure unless what ran out was a budget the caller
+        cut short: a caller's own tight deadline says nothing of the agent and, counted,
+        would let one caller open the breaker every caller of that instance shares."""
+        spent_budget = time.monotonic() - started >= budget_s - TIMER_SLACK_S
+        if not (ctx.caller_bound and spent_budget):
+            self._record(instance_pk, ok=False, started=started)
+
     def _record(self, instance_pk: int, *, ok: bool, started: float) -> None:
         self.breakers.record(instance_pk, ok=ok)
         self.feedback.record(instance_pk, ok=ok, latency_ms=(time.monotonic() - started) * 1000)
 
-    def record_stream(self, upstream: Upstream, *, ok: bool) -> None:
-        self._record(upstream.candidate.instance.pk, ok=ok, started=upstream.started)
+    def record_stream(self, upstream: Upstream, *, ok: bool | None) -> None:
+        """``ok`` None: the stream ended for a reason that says nothing of the agent."""
+        if ok is not None:
+            self._record(upstream.candidate.instance.pk, ok=ok, started=upstream.started)

@@ -567,8 +567,10 @@ class Pipeline:
             else:
                 upstream.response.close()  # drops the connection: cancels the agent's work
             upstream.done()
-            self.caller.record_stream(upstream, ok=outcome in (Outcome.SUCCESS,
-                                                               Outcome.CLIENT_CANCELLED))
+            # The caller's own deadline ending its stream is nothing against the agent.
+            self.caller.record_stream(
+                upstream, ok=None if outcome == Outcome.DEADLINE_EXCEEDED
+                else outcome in (Outcome.SUCCESS, Outcome.CLIENT_CANCELLED))
             ctx.reported = meter.totals()  # the agent answered: what it streamed counts
         return outcome
 

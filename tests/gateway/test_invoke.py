@@ -112,6 +112,18 @@ def test_the_caller_budget_caps_the_call_and_is_passed_downstream(gateway):
     assert 0 < int(seen["deadline"]) < 500
 
 
+def test_a_callers_own_tight_deadline_never_opens_the_agents_breaker(gateway):
+    """Breakers are per instance and shared by every caller: time-outs of a budget the
+    caller cut short are the caller's, or one caller could take a healthy agent away
+    from all the others (break test: 9 such calls opened it)."""
+    for _ in range(15):
+        response = invoke(gateway, "slow.op", {}, headers={"X-Reach-Deadline-Ms": "50"})
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["code"] == "deadline_exceeded"
+    response = invoke(gateway, "slow.op", {})  # the agent's own timeout: it answers in 2 s
+    assert response.status_code == 200, response.text
+
+
 def test_an_agent_killed_mid_stream_ends_with_an_error_event(gateway):
     with gateway.client() as client, client.stream("POST", "/v1/invoke", json={
         "capability": "chat.scripted", "stream": True,
