@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
-from gateway.http_io import parse_json
+from gateway.http_io import dumps_reply, parse_json
 from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message, suggested
 from reach_core.errors import ReachError
 from routing.router import Router, RouteRequest, capability_visible, visible_to
@@ -95,7 +95,7 @@ def invoke_call(body: dict, tenant_pk: int, *, namespace: str | None, internal: 
 
 def agent_response_event(result: Result) -> bytes:
     """A non-streaming agent's whole answer, as the one event of a stream."""
-    return b"data: " + orjson.dumps(agent_response(result)) + b"\n\n"
+    return b"data: " + dumps_reply(agent_response(result)) + b"\n\n"
 
 
 def agent_response(result: Result) -> dict:

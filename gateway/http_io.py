@@ -45,8 +45,13 @@ async def read_body(scope, receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+# How deep a request body may nest: what the gateway can still encode again, with the
+# few levels its own envelopes add (orjson writes at most 254; it reads 1024).
+MAX_JSON_DEPTH = 200
+
+
 def parse_json(raw: bytes) -> dict:
-    """A JSON object; 400 for anything else, for nesting past orjson's limit (1024), and
+    """A JSON object; 400 for anything else, for nesting past ``MAX_JSON_DEPTH``, and
     for duplicate keys (``{"capability": "a", "capability": "b"}`` is ambiguous: other
     parsers on the path may read the first one)."""
     try:
@@ -75,17 +80,30 @@ def require_json(scope, what: str = "the request body") -> None:
 
 
 def _count_keys(value) -> int:
-    # Iterative: a body nested as deep as the parser allows (1,024) must not hit
-    # Python's recursion limit.
-    count, pending = 0, [value]
+    """The keys in ``value``, refusing it past ``MAX_JSON_DEPTH``. Iterative: a body
+    nested as deep as the parser allows (1,024) must not hit Python's recursion limit."""
+    count, pending = 0, [(value, 1)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ReachError("malformed_json",
+                             f"Request body is nested deeper than {MAX_JSON_DEPTH} levels.")
         if isinstance(item, dict):
             count += len(item)
-            pending.extend(item.values())
+            pending.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
         elif isinstance(item, list):
-            pending.extend(item)
+            pending.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
     return count
+
+
+def dumps_reply(value) -> bytes:
+    """An agent's result as JSON: one nested too deep to write again is the agent's bad
+    reply (502), decided before any byte of the answer is sent, never a 500."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise ReachError("upstream_bad_response", "the agent's reply is nested too deeply "
+                         "to forward") from exc
 
 
 def _refuse_duplicates(raw: bytes) -> None:

@@ -43,6 +43,7 @@ from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.governance import Governor
 from gateway.http_io import (
+    dumps_reply,
     header,
     read_body,
     require_json,
@@ -435,7 +436,11 @@ class Pipeline:
             await self._forget_quietly(record, owner)
             raise
         refreshing.cancel()
-        payload = orjson.dumps(reply)
+        try:
+            payload = dumps_reply(reply)
+        except ReachError:
+            await self._forget_quietly(record, owner)
+            raise
         await self._store_quietly(record, owner, body_hash, idempotency.Stored(200, payload))
         await send_bytes(request.send, 200, payload, request.request_id)
         return Outcome.SUCCESS
@@ -467,7 +472,7 @@ class Pipeline:
                                 "headers": sse_headers(request.request_id)})
             await request.send({"type": "http.response.body", "body": answer})
         else:
-            await send_json(request.send, 200, answer, request.request_id)
+            await send_bytes(request.send, 200, dumps_reply(answer), request.request_id)
 
     async def _relay(self, request: Request, call: Call, upstream: Upstream,
                      ctx: CallContext) -> str:

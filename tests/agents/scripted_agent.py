@@ -62,6 +62,15 @@ async def bad(request: web.Request) -> web.Response:
     return web.json_response({"unexpected": 42})
 
 
+async def deep(request: web.Request) -> web.Response:
+    """A valid JSON reply nested as deep as the request's ``depth`` asks."""
+    body = await request.json()
+    _seen(request, body)
+    depth = int(body.get("depth", 300))
+    return web.Response(body=b'{"answer":' + b"[" * depth + b"]" * depth + b"}",
+                        content_type="application/json")
+
+
 async def redirect(request: web.Request) -> web.Response:
     raise web.HTTPFound("http://127.0.0.1:1/elsewhere")
 
@@ -146,7 +155,7 @@ async def seen(request: web.Request) -> web.Response:
 def main() -> None:
     app = web.Application(client_max_size=64 * 1024 * 1024)  # large bodies for the reset tests
     app.add_routes([web.post("/echo", echo), web.post("/slow", slow), web.post("/bad", bad),
-                    web.post("/fail", fail), web.post("/refuse", refuse),
+                    web.post("/deep", deep), web.post("/fail", fail), web.post("/refuse", refuse),
                     web.post("/redirect", redirect), web.post("/v1/chat/completions", chat),
                     web.post("/a2a", a2a),
                     web.get("/healthz", healthz), web.get("/_seen", seen)])

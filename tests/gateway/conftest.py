@@ -68,6 +68,7 @@ def scripted_spec(port: int) -> list[AgentSpec]:
             CapabilitySpec(capability_id="bad.op", path="/bad",
                            output_schema={"type": "object", "required": ["answer"]}),
             CapabilitySpec(capability_id="redirect.op", path="/redirect"),
+            CapabilitySpec(capability_id="deep.op", path="/deep"),
         )),
         AgentSpec(name="scripted-chat", protocol="openai", endpoint=endpoint, capabilities=(
             CapabilitySpec(capability_id="chat.scripted", path="/v1/chat/completions",

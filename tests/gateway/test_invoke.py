@@ -124,6 +124,47 @@ def test_a_callers_own_tight_deadline_never_opens_the_agents_breaker(gateway):
     assert response.status_code == 200, response.text
 
 
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_a_request_nested_past_the_limit_is_refused_before_any_agent_is_called(gateway):
+    """Every depth gets an answer: up to 200 levels the call goes through; past them a
+    400 (orjson reads 1,024 levels but writes only 254: from 254 to 1,022 was a 500)."""
+    body = '{"capability":"echo.all","input":{"x":%s}}'
+    with gateway.client() as client:
+        ok = client.post("/v1/invoke", content=body % nested(190),
+                         headers={"Content-Type": "application/json"})
+        assert ok.status_code == 200, ok.text
+        for depth in (201, 254, 600, 1022, 1100):
+            refused = client.post("/v1/invoke", content=body % nested(depth),
+                                  headers={"Content-Type": "application/json"})
+            assert refused.status_code == 400, (depth, refused.text)
+            assert refused.json()["error"]["code"] == "malformed_json"
+        messages = '[{"role":"user","content":"hi"}]'
+        chat = client.post("/v1/chat/completions",
+                           content=f'{{"model":"chat.scripted","messages":{messages},'
+                                   f'"x":{nested(300)}}}',
+                           headers={"Content-Type": "application/json"})
+        assert chat.status_code == 400, chat.text
+    assert [s for s in gateway.seen() if s["path"] == "/echo"] != []  # the 190-deep one
+
+
+def test_an_agent_reply_too_deep_to_forward_is_a_bad_response_and_frees_its_key(gateway):
+    with gateway.client() as client:
+        first = client.post("/v1/invoke", json={"capability": "deep.op", "input": {}},
+                            headers={"Idempotency-Key": "deep-1"})
+        assert first.status_code == 502, first.text
+        assert first.json()["error"]["code"] == "upstream_bad_response"
+        # The claim was let go: a repeat runs again at once, instead of waiting out the
+        # claim's lease (or, within a short deadline, getting 409 idempotency_in_progress).
+        again = client.post("/v1/invoke", json={"capability": "deep.op", "input": {}},
+                            headers={"Idempotency-Key": "deep-1", "X-Reach-Deadline-Ms": "3000"})
+        assert again.status_code == 502, again.text
+        assert again.json()["error"]["code"] == "upstream_bad_response"
+    assert len([s for s in gateway.seen() if s["path"] == "/deep"]) == 2
+
+
 def test_an_agent_killed_mid_stream_ends_with_an_error_event(gateway):
     with gateway.client() as client, client.stream("POST", "/v1/invoke", json={
         "capability": "chat.scripted", "stream": True,
