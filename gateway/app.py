@@ -397,7 +397,7 @@ class GatewayApp:
         if content_type.lower() != "application/json":
             raise ReachError("unsupported_media_type",
                              "Send the request body as Content-Type: application/json.")
-        raw = await read_body(scope, receive, FEEDBACK_MAX_BODY_BYTES)
+        raw = await read_body(scope, receive, FEEDBACK_MAX_BODY_BYTES, self.config.body_timeout_s)
         self.route_feedback.reported(request.table, request.key, raw, request_id)
         await send_json(send, 202, {"accepted": True}, request_id)
         return Outcome.SUCCESS
@@ -475,7 +475,8 @@ class GatewayApp:
                     raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
                                      "integer (milliseconds).")
                 body = parse_json(await read_body(scope, receive,
-                                                  self.config.max_body_bytes))
+                                                  self.config.max_body_bytes,
+                                                  self.config.body_timeout_s))
                 unknown = sorted(set(body) - {"arguments"})
                 if unknown:
                     raise ReachError("invalid_input", f"Unknown field(s): "
@@ -497,7 +498,8 @@ class GatewayApp:
             raise ReachError("bad_request", f"MCP-Protocol-Version {version[:40]!r} is not "
                              f"served; this server speaks {', '.join(MCP_VERSIONS)}.")
         require_json(scope, "the JSON-RPC message")
-        raw = await read_body(scope, receive, self.config.max_body_bytes)
+        raw = await read_body(scope, receive, self.config.max_body_bytes,
+                              self.config.body_timeout_s)
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         agents = [value.lower() for value in query.get("agents", ["false"])]
         if len(agents) > 1 or agents[0] not in ("1", "true", "yes", "0", "false", "no"):
@@ -535,7 +537,8 @@ class GatewayApp:
 
     async def _task_cancel(self, request_id, scope, receive, send) -> str:
         doors_, tenant = await self._task_doors(request_id, scope, receive, send)
-        await read_body(scope, receive, self.config.max_body_bytes)
+        await read_body(scope, receive, self.config.max_body_bytes,
+                              self.config.body_timeout_s)
         await send_json(send, 200, await doors_.cancel(tenant, scope["reach.task_id"]),
                         request_id)
         return Outcome.SUCCESS
@@ -546,7 +549,8 @@ class GatewayApp:
         if content_type.lower() != "application/json":
             raise ReachError("unsupported_media_type",
                              "Send the request body as Content-Type: application/json.")
-        raw = await read_body(scope, receive, self.config.max_body_bytes)
+        raw = await read_body(scope, receive, self.config.max_body_bytes,
+                              self.config.body_timeout_s)
         await send_json(send, 200, await doors_.message(tenant, scope["reach.task_id"], raw),
                         request_id)
         return Outcome.SUCCESS

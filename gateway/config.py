@@ -19,6 +19,9 @@ class GatewayConfig:
     # Fernet keys for downstream credentials (the first encrypts, all decrypt).
     credential_keys: tuple[str, ...] = ()
     max_body_bytes: int = 1024 * 1024
+    # The whole request body must arrive within this, or 408 request_timeout: a sender
+    # that stalls mid-body would otherwise hold a call slot for as long as it likes.
+    body_timeout_s: float = 10.0
     max_header_bytes: int = 16 * 1024
     max_upstream_bytes: int = 10 * 1024 * 1024
     connect_timeout_s: float = 3.0

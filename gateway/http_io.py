@@ -25,24 +25,31 @@ def header(scope, name: bytes) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
-async def read_body(scope, receive, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit``. A client that
-    goes away while sending cancels the request (``CancelledError``)."""
+async def read_body(scope, receive, limit: int, timeout_s: float = 10.0) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``limit`` and with 408
+    unless it is all in within ``timeout_s``. A client that goes away while sending
+    cancels the request (``CancelledError``)."""
     declared = header(scope, b"content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ReachError("payload_too_large", f"Request body exceeds {limit} bytes.")
     chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        body = message.get("body", b"")
-        size += len(body)
-        if size > limit:
-            raise ReachError("payload_too_large", f"Request body exceeds {limit} bytes.")
-        chunks.append(body)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise asyncio.CancelledError
+                body = message.get("body", b"")
+                size += len(body)
+                if size > limit:
+                    raise ReachError("payload_too_large",
+                                     f"Request body exceeds {limit} bytes.")
+                chunks.append(body)
+                if not message.get("more_body"):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise ReachError("request_timeout", f"The request body did not arrive within "
+                         f"{timeout_s:g} s.") from None
 
 
 # How deep a request body may nest: what the gateway can still encode again, with the

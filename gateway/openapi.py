@@ -184,6 +184,7 @@ _AUTH_ERRORS = ("unauthorized", "forbidden", "too_many_requests", "overloaded",
                 "service_unavailable", "internal_error")
 _CALL_ERRORS = (*_AUTH_ERRORS, "bad_request", "invalid_input", "malformed_json",
                 "payload_too_large", "unsupported_media_type", "headers_too_large",
+                "request_timeout",
                 "no_capability", "needs_confirmation", "no_healthy_instance", "circuit_open",
                 "rate_limited", "quota_exceeded", "idempotency_in_progress",
                 "idempotency_key_reused", "idempotency_unavailable", "deadline_exceeded",

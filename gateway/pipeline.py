@@ -182,7 +182,8 @@ class Pipeline:
             # Inside the metering: a wrong body is an authenticated call that failed.
             require_json(request.scope)
             request.raw = await read_body(request.scope, request.receive,
-                                          self.config.max_body_bytes)
+                                          self.config.max_body_bytes,
+                                          self.config.body_timeout_s)
             self._read_headers(request, ctx)
             call = parse(request)
             ctx.intent = call.route.intent is not None and call.route.capability is None

@@ -42,6 +42,8 @@ CATALOGUE: dict[str, ErrorKind] = {k.code: k for k in (
     ErrorKind("payload_too_large", 413, False),
     ErrorKind("unsupported_media_type", 415, False),
     ErrorKind("headers_too_large", 431, False),
+    # The request's body did not arrive in time (a stalled or slow sender).
+    ErrorKind("request_timeout", 408, True),
     ErrorKind("too_many_requests", 429, True),
     # routing
     ErrorKind("no_capability", 404, False),

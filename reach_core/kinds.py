@@ -69,6 +69,7 @@ class Outcome(Kind):
     BAD_REQUEST = "bad_request", "Bad request"
     PAYLOAD_TOO_LARGE = "payload_too_large", "Payload too large"
     HEADERS_TOO_LARGE = "headers_too_large", "Headers too large"
+    REQUEST_TIMEOUT = "request_timeout", "Request timeout"
     TOO_MANY_REQUESTS = "too_many_requests", "Too many requests"
     UNAUTHORIZED = "unauthorized", "Unauthorized"
     FORBIDDEN = "forbidden", "Forbidden"

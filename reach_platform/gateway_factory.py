@@ -57,6 +57,7 @@ def gateway_config() -> GatewayConfig:
         policy=endpoint_policy(),
         credential_keys=tuple(settings.CREDENTIAL_KEYS),
         max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
+        body_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
         stream_idle_timeout_s=settings.GATEWAY_STREAM_IDLE_S,
         internal_networks=settings.GATEWAY_INTERNAL_NETWORKS,
         max_in_flight=settings.GATEWAY_MAX_IN_FLIGHT,

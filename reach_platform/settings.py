@@ -364,6 +364,7 @@ OWN_PORTS = [int(p) for p in env.list("REACH_OWN_PORTS", default=["8000"])]
 
 # The gateway (data plane).
 GATEWAY_MAX_BODY_BYTES = env.int("REACH_GATEWAY_MAX_BODY_BYTES", default=1024 * 1024)
+GATEWAY_BODY_TIMEOUT_S = env.float("REACH_GATEWAY_BODY_TIMEOUT_S", default=10.0)
 # A stream with no event for this long is cut with an SSE error event.
 GATEWAY_STREAM_IDLE_S = env.float("REACH_GATEWAY_STREAM_IDLE_S", default=15.0)
 # Source networks allowed to reach internal_only agents (with a tenant that may).

@@ -225,3 +225,26 @@ def test_the_same_idempotency_key_twenty_times_concurrently_runs_the_agent_once(
                              headers={"Idempotency-Key": "pay-42"})
     assert reused.status_code == 422
     assert reused.json()["error"]["code"] == "idempotency_key_reused"
+
+
+@pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5", REACH_GATEWAY_MAX_IN_FLIGHT="4")
+def test_a_sender_that_stalls_mid_body_gets_408_and_its_call_slot_back(gateway):
+    """A valid key, a Content-Length of 1000 and 5 bytes, then nothing: as many such
+    senders as the gateway has call slots must not lock every other caller out."""
+    host, port = gateway.base.removeprefix("http://").split(":")
+    head = (f"POST /v1/invoke HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {gateway.key}"
+            "\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode()
+    stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in range(4)]
+    try:
+        for sock in stalled:
+            sock.sendall(head + b'{"cap')
+        for sock in stalled:
+            reply = sock.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+            assert b'"request_timeout"' in reply
+        # Every slot is free again: a whole call goes through.
+        response = invoke(gateway, "echo.all", {"text": "after the stall"})
+        assert response.status_code == 200, response.text
+    finally:
+        for sock in stalled:
+            sock.close()
