@@ -21,12 +21,15 @@ by every gateway process); otherwise a dict in this process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+
+import orjson
 
 TTL_SECONDS = 24 * 3600
 POLL_SECONDS = 0.02
@@ -48,6 +51,11 @@ class Outcome(StrEnum):
 
 
 def fingerprint(body: bytes) -> str:
+    """What makes two requests under one key the same request: their JSON value, not
+    its spelling (a client that serialises again on retry may order keys or space them
+    differently). A body that is not JSON is taken byte for byte."""
+    with contextlib.suppress(orjson.JSONDecodeError, orjson.JSONEncodeError):
+        body = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(body).hexdigest()
 
 

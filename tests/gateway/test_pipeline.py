@@ -7,6 +7,7 @@ forwards to the scripted agent, a real HTTP server on loopback.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 
@@ -32,6 +33,30 @@ def run(coroutine):
 
 def chat_body(text: str, **kw) -> dict:
     return {"model": "scripted-chat", "messages": [{"role": "user", "content": text}], **kw}
+
+
+def test_a_keyed_retry_serialised_again_is_the_same_request(scripted):
+    """Keys compared by JSON value: a client that re-serialises its body on retry (keys in
+    another order, other spacing) gets the stored reply, not 422 (break test)."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    marker = f"respelt-{uuid.uuid4().hex}"
+    body = chat_body(marker, temperature=0.2)
+    respelt = json.dumps(dict(reversed(list(body.items()))), indent=2).encode()
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            first = await gw.post("/v1/chat/completions", body, Idempotency_Key="k-respelt")
+            again = await gw.client.post("/v1/chat/completions", content=respelt,
+                                         headers=gw._headers({
+                                             "Content-Type": "application/json",
+                                             "Idempotency_Key": "k-respelt"}))
+            return first, again
+
+    first, again = run(scenario())
+    assert first.status_code == 200, first.text
+    assert again.status_code == 200, again.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert scripted.calls_with(marker) == 1
 
 
 def test_a_keyed_chat_completion_runs_the_agent_once_and_replays(scripted):
