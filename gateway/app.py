@@ -37,6 +37,7 @@ from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
 from gateway.governance import Governor
 from gateway.http_io import (
+    CLIENT_GONE,
     header,
     parse_json,
     read_body,
@@ -217,7 +218,13 @@ class GatewayApp:
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            try:
+                await self._http(scope, receive, send)
+            except asyncio.CancelledError:
+                # The caller went away mid-body (or the server refused the rest of it):
+                # metered already; nothing to answer, and no traceback to log.
+                if not scope.get(CLIENT_GONE):
+                    raise
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         elif kind == "websocket":

@@ -25,6 +25,10 @@ def header(scope, name: bytes) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
+# Set in a request's scope when its caller disconnected while sending the body.
+CLIENT_GONE = "reach.client_gone"
+
+
 async def read_body(scope, receive, limit: int, timeout_s: float = 10.0) -> bytes:
     """The request body, refused with 413 as soon as it passes ``limit`` and with 408
     unless it is all in within ``timeout_s``. A client that goes away while sending
@@ -38,6 +42,7 @@ async def read_body(scope, receive, limit: int, timeout_s: float = 10.0) -> byte
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
+                    scope[CLIENT_GONE] = True
                     raise asyncio.CancelledError
                 body = message.get("body", b"")
                 size += len(body)

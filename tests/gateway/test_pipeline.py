@@ -380,3 +380,37 @@ def test_a_stream_that_goes_idle_is_counted_and_metered_with_its_real_outcome(sc
     assert event["output_tokens"] == 2  # what it streamed before stalling still counts
     assert 'reach_calls_total{endpoint="invoke",outcome="upstream_timeout"}' in metrics
     assert not any('endpoint="stream"' in line for line in metrics.splitlines())
+
+
+def test_a_caller_gone_mid_body_ends_the_request_quietly(scripted):
+    """The server saw the caller go (or refused the rest of a bad chunked body): the
+    application returns, metered, instead of raising into the server's error log."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    sent = []
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            messages = iter([
+                {"type": "http.request", "body": b'{"capability": "echo.all", "in',
+                 "more_body": True},
+                {"type": "http.disconnect"},
+            ])
+
+            async def receive():
+                return next(messages)
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                     "method": "POST", "scheme": "http", "path": "/v1/invoke",
+                     "raw_path": b"/v1/invoke", "query_string": b"", "root_path": "",
+                     "client": ("127.0.0.1", 40001), "server": ("127.0.0.1", 80),
+                     "headers": [(b"authorization", f"Bearer {key}".encode()),
+                                 (b"content-type", b"application/json")]}
+            await gw.app(scope, receive, send)  # returns: no CancelledError escapes
+            return gw.usage.drain()
+
+    events = run(scenario())
+    assert sent == []  # nobody to answer
+    assert [e["outcome"] for e in events] == ["client_cancelled"]
