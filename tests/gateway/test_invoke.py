@@ -239,7 +239,7 @@ def test_a_sender_that_stalls_mid_body_gets_408_and_its_call_slot_back(gateway):
         for sock in stalled:
             sock.sendall(head + b'{"cap')
         for sock in stalled:
-            reply = sock.recv(65536)
+            reply = read_reply(sock)
             assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
             assert b'"request_timeout"' in reply
         # Every slot is free again: a whole call goes through.
@@ -248,3 +248,20 @@ def test_a_sender_that_stalls_mid_body_gets_408_and_its_call_slot_back(gateway):
     finally:
         for sock in stalled:
             sock.close()
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """One whole HTTP reply with a Content-Length (its head and body may come apart)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head + b"\r\n\r\n" + body
