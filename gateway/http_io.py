@@ -108,6 +108,12 @@ def _count_keys(value) -> int:
     return count
 
 
+def refuse_too_deep(value) -> None:
+    """400 ``malformed_json`` for a value nested past ``MAX_JSON_DEPTH`` (doors that
+    parse their own bodies)."""
+    _count_keys(value)
+
+
 def dumps_reply(value) -> bytes:
     """An agent's result as JSON: one nested too deep to write again is the agent's bad
     reply (502), decided before any byte of the answer is sent, never a 500."""

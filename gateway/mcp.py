@@ -20,6 +20,7 @@ import orjson
 
 from gateway import doors
 from gateway.calls import CallContext
+from gateway.http_io import refuse_too_deep
 from gateway.pipeline import Pipeline
 from gateway.protocols.base import thaw
 from gateway.tools import ToolCaller, ToolDoors, as_text, manual, parameters
@@ -33,6 +34,7 @@ CAPABILITY_PREFIX = "agent__"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
+INTERNAL_ERROR = -32603
 
 
 class McpServer:
@@ -48,6 +50,10 @@ class McpServer:
             message = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return 400, orjson.dumps(_error(None, PARSE_ERROR, "The body is not JSON."))
+        try:
+            refuse_too_deep(message)
+        except ReachError as error:
+            return 400, orjson.dumps(_error(None, PARSE_ERROR, error.message))
         if isinstance(message, list):  # batches: 2025-03-26 only, and not served here
             return 400, orjson.dumps(_error(None, INVALID_REQUEST, "Send one message per "
                                             "request (JSON-RPC batches are not served)."))
@@ -56,7 +62,11 @@ class McpServer:
             return 202, None
         # Not a JSON-RPC message at all: the HTTP answer says so too.
         invalid = "error" in reply and reply["error"]["code"] == INVALID_REQUEST
-        return (400 if invalid else 200), orjson.dumps(reply)
+        try:
+            return (400 if invalid else 200), orjson.dumps(reply)
+        except orjson.JSONEncodeError:  # an agent's result nested past what can be written
+            return 200, orjson.dumps(_error(reply.get("id"), INTERNAL_ERROR, "The tool's "
+                                            "result is nested too deeply to forward."))
 
     async def _one(self, table, who, message, with_agents: bool, request_id: str):
         """The reply to one message; None for a notification or a response. A message

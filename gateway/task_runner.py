@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from gateway.calls import CallContext
 from gateway.doors import agent_response, invoke_call
+from gateway.http_io import dumps_reply
 from gateway.pipeline import Pipeline
 from gateway.tasks import (
     NOT_REACHED,
@@ -82,8 +83,17 @@ class TaskRunner:
         if state in _AGENT_ERRORS:
             error = {"code": _AGENT_ERRORS[state],
                      "message": reply.reply_content or f"the agent answered {state}"}
+        stored = agent_response(result) if state in _WITH_RESULT else None
+        if stored is not None:
+            try:  # what cannot be written back out must not be stored: every read would 500
+                dumps_reply(stored)
+            except ReachError as bad:
+                return TaskOutcome(state=TaskState.FAILED,
+                                   error={"code": bad.code, "message": bad.message},
+                                   capability=chosen.capability.capability_id,
+                                   reached_agent=True)
         return TaskOutcome(
-            state=state, result=agent_response(result) if state in _WITH_RESULT else None,
+            state=state, result=stored,
             error=error, message=reply.reply_content or "",
             capability=chosen.capability.capability_id, agent_pk=chosen.agent.pk,
             instance_pk=chosen.instance.pk, agent_task_id=reply.agent_task_id,

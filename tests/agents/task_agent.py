@@ -4,6 +4,7 @@
 
 - ``POST /work``: sleeps ``input.ms`` (default 0) milliseconds, then answers
   ``{"done": <input>, "port": PORT}``;
+- ``POST /deep``: a reply nested 300 deep;
 - ``POST /ask``: without ``language`` in its input, asks for it
   (``{"status": {"state": "input-required", "message": "Which language?"}}``); with it,
   answers ``{"translated": <text>, "language": ..., "port": PORT}``;
@@ -43,6 +44,13 @@ async def work(request: web.Request) -> web.Response:
     _seen(request, body)
     await asyncio.sleep(int(body.get("ms", 0)) / 1000)
     return web.json_response({"done": body, "port": PORT})
+
+
+async def deep(request: web.Request) -> web.Response:
+    """A valid JSON reply nested 300 deep: more than the gateway can write again."""
+    _seen(request, await request.json())
+    return web.Response(body=b'{"answer":' + b"[" * 300 + b"]" * 300 + b"}",
+                        content_type="application/json")
 
 
 async def ask(request: web.Request) -> web.Response:
@@ -121,6 +129,7 @@ def main() -> None:
     PORT = int(sys.argv[1])
     app = web.Application()
     app.router.add_post("/work", work)
+    app.router.add_post("/deep", deep)
     app.router.add_post("/ask", ask)
     app.router.add_post("/accept", accept)
     app.router.add_post("/a2a", a2a)

@@ -499,3 +499,23 @@ def test_a_caller_over_its_own_quota_does_not_spend_the_shared_one(gateway, inve
     assert codes.count(200) == 1  # its own bucket of one, then refused by its quota
     # The refused calls took nothing from the total: the quiet caller is served.
     assert tool_call(gateway.base, quiet, {"sku": "A-1"}).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_refuses_a_message_nested_past_the_limit_and_a_reply_it_cannot_write(gateway):
+    """The /mcp door parses its own bodies: the same depth limit as every door, and an
+    agent's result nested too deep to write again is a JSON-RPC error, never a 500."""
+    token = agent_token(gateway, "scripted")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    deep = "[" * 300 + "]" * 300
+    message = ('{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":'
+               '"agent__echo_all","arguments":{"text":"x","deep":' + deep + "}}}")
+    refused = httpx.post(f"{gateway.base}/mcp?agents=true", content=message, headers=headers)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == -32700
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "agent__deep_op", "arguments": {}}}
+    answered = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, headers=headers)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["error"]["code"] == -32603

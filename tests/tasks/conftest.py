@@ -147,6 +147,7 @@ def task_agents(tenant, ports: list[int]) -> str:
         CapabilitySpec(capability_id="work.do", path="/work"),
         CapabilitySpec(capability_id="ask.language", path="/ask"),
         CapabilitySpec(capability_id="accept.later", path="/accept"),
+        CapabilitySpec(capability_id="deep.reply", path="/deep"),
     ))
     registered = agent_register(tenant=tenant, spec=http)
     for endpoint in endpoints[1:]:

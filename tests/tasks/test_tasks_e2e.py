@@ -48,6 +48,18 @@ def test_an_async_call_is_a_task_committed_before_202_and_run_by_a_worker(platfo
     assert [r.outcome for r in rows] == ["success"]
 
 
+def test_a_result_too_deep_to_write_again_fails_its_task_and_spoils_no_listing(platform):
+    """Stored, it would make every read of the task, and of the tenant's task list, a
+    500 (break test): the task fails as the agent's bad response instead."""
+    with platform.client() as client:
+        reply = platform.submit(client, "deep.reply", {})
+        assert reply.status_code == 202, reply.text
+        task = platform.wait_state(client, reply.json()["task_id"], "failed")
+        assert task["error"]["code"] == "upstream_bad_response", task
+        listed = client.get("/v1/tasks")
+        assert listed.status_code == 200, listed.text
+
+
 def test_an_agent_asking_for_input_is_continued_on_the_same_instance(platform):
     with platform.client() as client:
         asked = []
