@@ -311,8 +311,10 @@ class Caller:
             answered = True
             ctx.answered = time.monotonic()
         except TimeoutError as exc:
-            timed_out = True
-            self._record_timeout(instance.pk, ctx, started=started, budget_s=seconds)
+            # Unanswered is the agent's mark only when its own time ran out, as for
+            # the breaker: a caller's short deadline must not steer everyone's routing.
+            timed_out = self._record_timeout(instance.pk, ctx, started=started,
+                                             budget_s=seconds)
             if ctx.remaining_ms() <= 1:
                 raise ctx.timed_out() from exc
             raise translate_error(exc) from exc
@@ -394,13 +396,19 @@ class Caller:
         return reply
 
     def _record_timeout(self, instance_pk: int, ctx: CallContext, *, started: float,
-                        budget_s: float) -> None:
-        """A time-out is the agent's failure unless what ran out was a budget the caller
-        cut short: a caller's own tight deadline says nothing of the agent and, counted,
-        would let one caller open the breaker every caller of that instance shares."""
-        spent_budget = time.monotonic() - started >= budget_s - TIMER_SLACK_S
-        if not (ctx.caller_bound and spent_budget):
-            self._record(instance_pk, ok=False, started=started)
+                        budget_s: float) -> bool:
+        """Whether a time-out counts against the agent (its breaker, its "unanswered"
+        mark), and records it if so. When the budget that ran out was one the caller cut
+        short, only if the agent also outwaited its patience (4 x its usual latency, at
+        least 100 ms): a caller's own tight deadline says nothing of a healthy agent and,
+        counted, would let one caller open the breaker every caller shares — but a hung
+        agent must still be found when every caller sends a deadline."""
+        waited = time.monotonic() - started
+        if ctx.caller_bound and waited >= budget_s - TIMER_SLACK_S \
+                and waited < self.feedback.patience_s(instance_pk):
+            return False
+        self._record(instance_pk, ok=False, started=started)
+        return True
 
     def _record(self, instance_pk: int, *, ok: bool, started: float) -> None:
         self.breakers.record(instance_pk, ok=ok)

@@ -247,10 +247,14 @@ class Feedback:
             if not waiting:
                 return False
             oldest = next(iter(waiting.values()))
-            latency = self._latency.get(instance_pk)
-            patience = UNANSWERED_FLOOR_S if latency is None else max(
-                UNANSWERED_FLOOR_S, UNANSWERED_FACTOR * latency / 1000)
-            return now - oldest > patience and answered < oldest
+            return now - oldest > self.patience_s(instance_pk) and answered < oldest
+
+    def patience_s(self, instance_pk: int) -> float:
+        """How long an attempt may wait unanswered before the instance is suspect: the
+        larger of ``UNANSWERED_FLOOR_S`` and ``UNANSWERED_FACTOR`` x its usual latency."""
+        latency = self._latency.get(instance_pk)
+        return UNANSWERED_FLOOR_S if latency is None else max(
+            UNANSWERED_FLOOR_S, UNANSWERED_FACTOR * latency / 1000)
 
     def record(self, instance_pk: int, *, ok: bool, latency_ms: float) -> None:
         a = self._alpha

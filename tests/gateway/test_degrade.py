@@ -176,6 +176,27 @@ def test_a_hung_instance_is_passed_over_once_a_call_to_it_went_unanswered(script
     assert {d["reason"] for d in dry.json()["dropped"]} == {"unanswered"}
 
 
+def test_a_callers_own_tight_deadline_marks_no_instance_unanswered(scripted):
+    """A healthy instance slower than one caller's deadline is not "unanswered": that
+    caller's time-outs must not steer every other caller's routing (break test: six
+    50 ms calls sent all later calls to one instance of three)."""
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
+    table, key = route_table(agents)
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            tight = await gw.post("/v1/invoke", invoke("slow.op"), X_Reach_Deadline_Ms="50")
+            dry = await gw.get("/v1/route", params={"capability": "slow.op"})
+            return tight, dry
+
+    tight, dry = run(scenario())
+    assert tight.status_code == 504, tight.text
+    assert tight.json()["error"]["code"] == "deadline_exceeded"
+    assert dry.status_code == 200, dry.text
+    assert [d for d in dry.json()["dropped"] if d["reason"] == "unanswered"] == []
+
+
 def test_a_saturated_agent_pool_answers_upstream_busy_after_a_bounded_wait(scripted):
     from dataclasses import replace
 
