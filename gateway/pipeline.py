@@ -185,6 +185,9 @@ class Pipeline:
                                           self.config.max_body_bytes,
                                           self.config.body_timeout_s)
             self._read_headers(request, ctx)
+            # The agent's timeout runs from when the request is in, not while a slow
+            # caller uploads it (that has its own limit); a caller's deadline keeps running.
+            ctx.restart_agent_clock()
             call = parse(request)
             ctx.intent = call.route.intent is not None and call.route.capability is None
             candidate, payload = self._route(request.table, call, ctx)

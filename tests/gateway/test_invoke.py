@@ -265,3 +265,22 @@ def read_reply(sock: socket.socket) -> bytes:
         assert chunk, data
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+def test_a_slow_upload_does_not_spend_the_agents_timeout(gateway):
+    """slow.op may take 5 s and answers in 2: a body that takes 3.5 s to arrive (inside
+    the 10 s body limit) must still leave the agent its whole timeout (break test: 503
+    "retry shortly", for a call no retry could help)."""
+    host, port = gateway.base.removeprefix("http://").split(":")
+    body = b'{"capability": "slow.op", "input": {"pad": "' + b"x" * 700 + b'"}}'
+    head = (f"POST /v1/invoke HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+            f"{gateway.key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        pieces = [body[i:i + 100] for i in range(0, len(body), 100)]
+        for piece in pieces:  # the sender's pace is what is under test
+            sock.sendall(piece)
+            time.sleep(3.5 / len(pieces))
+        reply = read_reply(sock)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:400]
