@@ -127,6 +127,10 @@ TASK_ROUTES: dict[tuple[str, str], Route] = {
 }
 
 
+# How long stopping waits for the background jobs it cancelled.
+CLOSE_JOBS_S = 5.0
+
+
 class GatewayApp:
     def __init__(self, *, table: Callable[[], RouteTable], router: Router,
                  config: GatewayConfig, breakers: CircuitBreakers, governor: Governor | None,
@@ -254,7 +258,14 @@ class GatewayApp:
         tasks, self._tasks = self._tasks or [], []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            # Bounded: a job that does not stop must not keep the process from exiting
+            # (a process manager's stop would end in SIGKILL); it is named instead.
+            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_JOBS_S)
+            for task in stuck:
+                logger.warning("gateway stopping: background job %s did not stop within "
+                               "%g s", getattr(task.get_coro(), "__qualname__", task),
+                               CLOSE_JOBS_S)
         closed = await self.caller.pools.close()
         logger.info("gateway stopped: %d background jobs, %d upstream sessions closed",
                     len(tasks), closed)
