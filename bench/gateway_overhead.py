@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.upstream_clients import free_port, parse_wrk  # noqa: E402
+from bench.upstream_clients import free_port, parse_wrk, read_body  # noqa: E402
 
 HOST = "127.0.0.1"
 SERVER_CPU, LOAD_CPU = 0, 1
@@ -88,14 +88,9 @@ async def raw_agent_app(scope, receive, send) -> None:
     shows; with ``--agent-cpu-us`` it also spends that much CPU on each request."""
     if scope["type"] != "http":
         return
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     spend_agent_cpu()
-    if b'"stream":true' in b"".join(chunks):
+    if b'"stream":true' in body:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "body": SSE})
@@ -163,14 +158,9 @@ async def passthrough_app(scope, receive, send) -> None:
     if _PASS_SESSION is None:
         _PASS_SESSION = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=90))
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     async with _PASS_SESSION.post(f"http://{HOST}:{os.environ['BENCH_AGENT_PORT']}{CHAT_PATH}",
-                                  data=b"".join(chunks),
+                                  data=body,
                                   headers={"content-type": "application/json"}) as upstream:
         headers = [(b"content-type", upstream.headers["content-type"].encode())]
         if not upstream.headers["content-type"].startswith("text/event-stream"):

@@ -556,7 +556,7 @@ class GatewayApp:
     async def _task_cancel(self, request_id, scope, receive, send) -> str:
         doors_, tenant = await self._task_doors(request_id, scope, receive, send)
         await read_body(scope, receive, self.config.max_body_bytes,
-                              self.config.body_timeout_s)
+                        self.config.body_timeout_s)
         await send_json(send, 200, await doors_.cancel(tenant, scope["reach.task_id"]),
                         request_id)
         return Outcome.SUCCESS

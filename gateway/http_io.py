@@ -29,7 +29,7 @@ def header(scope, name: bytes) -> str | None:
 CLIENT_GONE = "reach.client_gone"
 
 
-async def read_body(scope, receive, limit: int, timeout_s: float = 10.0) -> bytes:
+async def read_body(scope, receive, limit: int, timeout_s: float) -> bytes:
     """The request body, refused with 413 as soon as it passes ``limit`` and with 408
     unless it is all in within ``timeout_s``. A client that goes away while sending
     cancels the request (``CancelledError``)."""
