@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from gateway.metrics import (
     MULTIPROCESS,
     SHED,
     TABLE_VERSION,
+    TENANT_SHED,
     USAGE_BACKLOG,
     exposition,
 )
@@ -194,7 +196,8 @@ class GatewayApp:
         self._closers = tuple(closers)
         self._tasks: list[asyncio.Task] | None = None
         self.shedder = LoadShedder(max_in_flight=config.max_in_flight,
-                                   max_loop_lag_s=config.max_loop_lag_ms / 1000)
+                                   max_loop_lag_s=config.max_loop_lag_ms / 1000,
+                                   tenant_share=config.tenant_share)
         if config.max_loop_lag_ms > 0:
             self._jobs = (*self._jobs, self.shedder.watch)
         self.auth_failures = AuthFailures(config.max_auth_failures_per_minute)
@@ -354,22 +357,26 @@ class GatewayApp:
         else is spent on it."""
         with self.shedder:
             request = await self._request(request_id, scope, receive, send)
-            internal = self._internal(scope)
-            if self.route_feedback is None:
-                return await self.pipeline.run(request, lambda r: door(r, internal=internal))
-            calls = []
+            with self.shedder.tenant(request.table, request.key.tenant_pk):
+                return await self._through_pipeline(request, door)
 
-            def parse(r: Request):
-                calls.append(door(r, internal=internal))
-                return calls[-1]
+    async def _through_pipeline(self, request: Request, door) -> str:
+        internal = self._internal(request.scope)
+        if self.route_feedback is None:
+            return await self.pipeline.run(request, lambda r: door(r, internal=internal))
+        calls = []
 
-            try:
-                outcome = await self.pipeline.run(request, parse)
-            except ReachError as error:
-                self._after_call(request, calls, error.code)
-                raise
-            self._after_call(request, calls, outcome)
-            return outcome
+        def parse(r: Request):
+            calls.append(door(r, internal=internal))
+            return calls[-1]
+
+        try:
+            outcome = await self.pipeline.run(request, parse)
+        except ReachError as error:
+            self._after_call(request, calls, error.code)
+            raise
+        self._after_call(request, calls, outcome)
+        return outcome
 
     def _after_call(self, request: Request, calls: list, outcome: str) -> None:
         """Feed the route-feedback inference (see ``gateway.route_feedback``)."""
@@ -483,34 +490,46 @@ class GatewayApp:
     async def _tool_call(self, request_id, scope, receive, send) -> str:
         with self.shedder:
             table, who = await self._tool_caller(scope)
-            tool = self.tools.tool(table, who, scope["reach.tool"])
-            deadline = header(scope, b"x-reach-deadline-ms")
-
-            async def arguments() -> dict:
-                # Read inside the call: a body refused here is audited as the tool's call.
-                require_json(scope)
-                if deadline is not None and (not deadline.isdigit() or int(deadline) < 1):
-                    raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
-                                     "integer (milliseconds).")
-                body = parse_json(await read_body(scope, receive,
-                                                  self.config.max_body_bytes,
-                                                  self.config.body_timeout_s))
-                unknown = sorted(set(body) - {"arguments"})
-                if unknown:
-                    raise ReachError("invalid_input", f"Unknown field(s): "
-                                     f"{', '.join(unknown)}; send {{\"arguments\": {{...}}}}.",
-                                     details={name: ["unknown field"] for name in unknown})
-                return body.get("arguments", {})
-
-            reply = await self.tools.call(
-                table, who, tool, arguments, request_id=request_id,
-                deadline_ms=int(deadline) if deadline and deadline.isdigit() else None)
+            with self.shedder.tenant(table, who.tenant_pk):
+                reply = await self._call_tool(request_id, scope, receive, table, who)
         await send_json(send, 200, reply, request_id)
         return Outcome.SUCCESS
 
+    async def _call_tool(self, request_id, scope, receive, table, who) -> dict:
+        tool = self.tools.tool(table, who, scope["reach.tool"])
+        deadline = header(scope, b"x-reach-deadline-ms")
+
+        async def arguments() -> dict:
+            # Read inside the call: a body refused here is audited as the tool's call.
+            require_json(scope)
+            if deadline is not None and (not deadline.isdigit() or int(deadline) < 1):
+                raise ReachError("bad_request", "X-Reach-Deadline-Ms must be a positive "
+                                 "integer (milliseconds).")
+            body = parse_json(await read_body(scope, receive,
+                                              self.config.max_body_bytes,
+                                              self.config.body_timeout_s))
+            unknown = sorted(set(body) - {"arguments"})
+            if unknown:
+                raise ReachError("invalid_input", f"Unknown field(s): "
+                                 f"{', '.join(unknown)}; send {{\"arguments\": {{...}}}}.",
+                                 details={name: ["unknown field"] for name in unknown})
+            return body.get("arguments", {})
+
+        return await self.tools.call(
+            table, who, tool, arguments, request_id=request_id,
+            deadline_ms=int(deadline) if deadline and deadline.isdigit() else None)
+
     async def _mcp(self, request_id, scope, receive, send) -> str:
-        """The MCP server (``gateway.mcp``): one JSON-RPC message per POST."""
-        table, who = await self._tool_caller(scope)
+        """The MCP server (``gateway.mcp``): one JSON-RPC message per POST. A message may
+        call an agent or a tool, so it holds a call slot like any call."""
+        with self.shedder:
+            table, who = await self._tool_caller(scope)
+            with self.shedder.tenant(table, who.tenant_pk):
+                status, body = await self._answer_mcp(request_id, scope, receive, table, who)
+        await send_bytes(send, status, body or b"", request_id)
+        return Outcome.SUCCESS
+
+    async def _answer_mcp(self, request_id, scope, receive, table, who) -> tuple[int, bytes]:
         version = header(scope, b"mcp-protocol-version")
         if version is not None and version not in MCP_VERSIONS:
             raise ReachError("bad_request", f"MCP-Protocol-Version {version[:40]!r} is not "
@@ -523,10 +542,8 @@ class GatewayApp:
         if len(agents) > 1 or agents[0] not in ("1", "true", "yes", "0", "false", "no"):
             raise ReachError("bad_request", "'agents' is true or false, once.")
         with_agents = agents[0] in ("1", "true", "yes")
-        status, body = await self.mcp.answer(table, who, raw, with_agents=with_agents,
-                                             request_id=request_id)
-        await send_bytes(send, status, body or b"", request_id)
-        return Outcome.SUCCESS
+        return await self.mcp.answer(table, who, raw, with_agents=with_agents,
+                                     request_id=request_id)
 
     async def _task_doors(self, request_id, scope, receive, send) -> tuple[TaskDoors, int]:
         request = await self._request(request_id, scope, receive, send)
@@ -655,11 +672,14 @@ class LoadShedder:
     def __exit__(self, *exc) -> None:
         self.in_flight -= 1
 
-    def __init__(self, *, max_in_flight: int, max_loop_lag_s: float) -> None:
+    def __init__(self, *, max_in_flight: int, max_loop_lag_s: float,
+                 tenant_share: float = 1.0) -> None:
         self.max_in_flight = max_in_flight
         self.max_loop_lag_s = max_loop_lag_s
+        self.tenant_share = tenant_share
         self.limit = max_in_flight
         self.in_flight = 0
+        self.held: dict[int, int] = {}  # calls in flight by tenant pk (authenticated)
         self.loop_lag_s = 0.0  # the last tick's
         self._late_ticks = 0
         self._settled_at = 0.0
@@ -680,6 +700,21 @@ class LoadShedder:
             self.limit = max(floor, min(self.limit, self.in_flight) // 2)
             self._settled_at = now + self.SETTLE_S
 
+    def tenant(self, table: RouteTable, tenant_pk: int) -> TenantSlot:
+        """``with shedder.tenant(table, pk):`` holds one call of that tenant, inside the
+        process's own ``with shedder:``. No tenant holds more than ``tenant_share`` of
+        ``limit`` (rounded up): past it 429 too_many_requests, so one tenant's calls
+        (slow agents, bodies trickled in) cannot take every slot and shut the others
+        out; the rest stay free for them. The share follows ``limit``, shrunk by lag."""
+        held = self.held.get(tenant_pk, 0)
+        if held >= math.ceil(self.limit * self.tenant_share):
+            entry = table.tenants.get(tenant_pk)
+            TENANT_SHED.labels(entry.slug if entry is not None else str(tenant_pk)).inc()
+            raise ReachError("too_many_requests", f"This tenant has {held} calls in flight "
+                             "in this gateway process, its most; retry shortly.")
+        self.held[tenant_pk] = held + 1
+        return TenantSlot(self.held, tenant_pk)
+
     async def watch(self) -> None:
         """Measure the loop's lag for the process's lifetime (a background job)."""
         loop = asyncio.get_running_loop()
@@ -688,6 +723,25 @@ class LoadShedder:
             await asyncio.sleep(self.TICK_S)
             now = loop.time()
             self.observe(max(0.0, now - before - self.TICK_S), now)
+
+
+class TenantSlot:
+    """One call of a tenant in flight (``LoadShedder.tenant``); given back on exit."""
+
+    __slots__ = ("held", "tenant_pk")
+
+    def __init__(self, held: dict[int, int], tenant_pk: int) -> None:
+        self.held, self.tenant_pk = held, tenant_pk
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        left = self.held[self.tenant_pk] - 1
+        if left:
+            self.held[self.tenant_pk] = left
+        else:
+            del self.held[self.tenant_pk]
 
 
 class AuthFailures:

@@ -39,6 +39,9 @@ class GatewayConfig:
     # Load shedding: calls this process runs at once; one more is answered 503
     # overloaded at once, rather than queued into everyone's time-outs.
     max_in_flight: int = 1024
+    # The most of that limit one tenant's calls may hold (rounded up), so one tenant
+    # cannot shut the others out; 1.0: no share.
+    tenant_share: float = 0.75
     # The CPU's guard: a loop that runs this late, tick after tick, shrinks the limit on
     # calls in flight until it is on time again (gateway.app.LoadShedder; 0: off). Off
     # here because it depends on how busy the machine is, which in-process tests must

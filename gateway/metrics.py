@@ -105,6 +105,9 @@ INTENT_CALLS = Counter(
 )
 SHED = Counter("reach_shed", "Calls refused at once because the gateway was at its limit "
                "(503 overloaded, before authentication).", registry=REGISTRY)
+TENANT_SHED = Counter("reach_tenant_shed", "Calls refused (429 too_many_requests) because "
+                     "their tenant already held its share of the gateway's calls in flight "
+                     "(REACH_GATEWAY_TENANT_SHARE).", ["tenant"], registry=REGISTRY)
 BREAKER_TRIPS = Counter("reach_breaker_trips", "Circuit breakers that opened, by instance.",
                         ["instance"], registry=REGISTRY)
 ROUTE_PROPAGATION = Histogram(

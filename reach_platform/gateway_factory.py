@@ -61,6 +61,7 @@ def gateway_config() -> GatewayConfig:
         stream_idle_timeout_s=settings.GATEWAY_STREAM_IDLE_S,
         internal_networks=settings.GATEWAY_INTERNAL_NETWORKS,
         max_in_flight=settings.GATEWAY_MAX_IN_FLIGHT,
+        tenant_share=settings.GATEWAY_TENANT_SHARE,
         max_loop_lag_ms=settings.GATEWAY_MAX_LOOP_LAG_MS,
         upstream_wait_s=settings.GATEWAY_UPSTREAM_WAIT_S,
         # The gateway counts per process and per minute, the API per window: one limit.

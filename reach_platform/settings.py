@@ -318,6 +318,11 @@ AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
 # (250/s of a 1 s agent: ~250; one process serves at most ~1,000/s): 1024 leaves
 # headroom; raise it for slower agents (long streams).
 GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
+# The share of that limit one tenant's calls may hold (0 < share <= 1; 1: none kept back),
+# so a tenant with slow agents or trickled bodies leaves the others a quarter of the slots.
+GATEWAY_TENANT_SHARE = env.float("REACH_GATEWAY_TENANT_SHARE", default=0.75)
+if not 0 < GATEWAY_TENANT_SHARE <= 1:
+    raise ImproperlyConfigured("REACH_GATEWAY_TENANT_SHARE is a share: more than 0, at most 1.")
 # How often, at most, a gateway writes its route table to DATA_DIR/routes.json, the
 # fallback for a cold start with the database down.
 ROUTES_SNAPSHOT_EVERY_S = env.float("REACH_ROUTES_SNAPSHOT_EVERY_S", default=30.0)

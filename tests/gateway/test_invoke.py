@@ -227,7 +227,8 @@ def test_the_same_idempotency_key_twenty_times_concurrently_runs_the_agent_once(
     assert reused.json()["error"]["code"] == "idempotency_key_reused"
 
 
-@pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5", REACH_GATEWAY_MAX_IN_FLIGHT="4")
+@pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5", REACH_GATEWAY_MAX_IN_FLIGHT="4",
+                         REACH_GATEWAY_TENANT_SHARE="1")  # every slot, not one tenant's share
 def test_a_sender_that_stalls_mid_body_gets_408_and_its_call_slot_back(gateway):
     """A valid key, a Content-Length of 1000 and 5 bytes, then nothing: as many such
     senders as the gateway has call slots must not lock every other caller out."""

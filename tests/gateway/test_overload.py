@@ -39,8 +39,10 @@ async def open_loop(gateway, body: dict, *, rate: int, seconds: float) -> list:
         return await asyncio.gather(*calls)
 
 
-# The count cap alone: the lag bound depends on how busy the machine is (unit-tested below).
-@pytest.mark.gateway_env(REACH_GATEWAY_MAX_IN_FLIGHT=str(CAP), REACH_GATEWAY_MAX_LOOP_LAG_MS="0")
+# The count cap alone: the lag bound depends on how busy the machine is (unit-tested below);
+# one tenant's share of the cap is tests/gateway/test_tenant_share.py's subject.
+@pytest.mark.gateway_env(REACH_GATEWAY_MAX_IN_FLIGHT=str(CAP), REACH_GATEWAY_MAX_LOOP_LAG_MS="0",
+                         REACH_GATEWAY_TENANT_SHARE="1")
 def test_well_past_its_cap_a_gateway_sheds_with_retry_after_and_then_serves(gateway):
     # slow.op answers after 2 s: CAP calls at once serve 4 a second, RATE are offered.
     results = asyncio.run(open_loop(gateway, {"capability": "slow.op", "input": {}},

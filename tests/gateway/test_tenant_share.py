@@ -1,0 +1,96 @@
+"""One tenant cannot take every call slot of a gateway process: past its share of the
+limit (``REACH_GATEWAY_TENANT_SHARE``) its calls get 429 at once while another tenant's
+are still served — whatever holds the slots (slow agents, bodies trickled in)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import types
+
+import httpx
+
+from reach_core import keys
+from routing.table import ApiKeyEntry, TenantEntry
+from tests.support.inprocess import TENANT_PK, gateway_app, route_table, scripted_agents
+
+OTHER_PK = TENANT_PK + 1
+
+
+def two_tenants(endpoint: str):
+    """The scripted agents, public, and a key for each of two tenants."""
+    agents = [dataclasses.replace(a, visibility="public") for a in scripted_agents(endpoint)]
+    table, first = route_table(agents)
+    second, prefix, key_hash = keys.generate()
+    table = dataclasses.replace(
+        table,
+        tenants=types.MappingProxyType({**table.tenants,
+                                        OTHER_PK: TenantEntry(pk=OTHER_PK, slug="globex")}),
+        api_keys=types.MappingProxyType({**table.api_keys, 2: ApiKeyEntry(
+            pk=2, prefix=prefix, key_hash=key_hash, tenant_pk=OTHER_PK,
+            scopes=frozenset({"invoke"}))}),
+    ).indexed()
+    return table, first, second
+
+
+def call(client: httpx.AsyncClient, key: str, capability: str, **headers: str):
+    return client.post("/v1/invoke", json={"capability": capability, "input": {}},
+                       headers={"Authorization": f"Bearer {key}", **headers})
+
+
+def test_a_tenant_past_its_share_gets_429_while_another_tenant_is_served(scripted):
+    table, acme, globex = two_tenants(scripted.endpoint)
+
+    async def scenario():
+        app = gateway_app(table, max_in_flight=8, tenant_share=0.5)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
+                                     timeout=10) as client:
+            try:
+                slow = [asyncio.ensure_future(call(client, acme, "slow.op",
+                                                   X_Reach_Deadline_Ms="1500"))
+                        for _ in range(4)]
+                while app.shedder.held.get(TENANT_PK, 0) < 4:  # all four are in
+                    await asyncio.sleep(0.005)
+                refused = await call(client, acme, "echo.all")
+                served = await call(client, globex, "echo.all")
+                held_meanwhile = dict(app.shedder.held)
+                await asyncio.gather(*slow)
+                after = await call(client, acme, "echo.all")
+                return refused, served, held_meanwhile, after, dict(app.shedder.held)
+            finally:
+                await app.close()
+
+    refused, served, held, after, held_at_end = asyncio.run(scenario())
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_requests"
+    assert refused.headers["retry-after"] == "1"
+    assert served.status_code == 200, served.text
+    assert held == {TENANT_PK: 4}  # the other tenant's call had come and gone
+    assert after.status_code == 200  # the slots came back with the slow calls
+    assert held_at_end == {}
+
+
+def test_alone_a_tenant_still_gets_its_share_and_the_process_limit_holds(scripted):
+    table, acme, _ = two_tenants(scripted.endpoint)
+
+    async def scenario():
+        app = gateway_app(table, max_in_flight=4, tenant_share=1.0)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
+                                     timeout=10) as client:
+            try:
+                slow = [asyncio.ensure_future(call(client, acme, "slow.op",
+                                                   X_Reach_Deadline_Ms="1500"))
+                        for _ in range(4)]
+                while app.shedder.held.get(TENANT_PK, 0) < 4:  # a share of 1: every slot
+                    await asyncio.sleep(0.005)
+                over = await call(client, acme, "echo.all")
+                await asyncio.gather(*slow)
+                return over
+            finally:
+                await app.close()
+
+    over = asyncio.run(scenario())
+    assert over.status_code == 503  # past the process's own limit: overloaded, as before
+    assert over.json()["error"]["code"] == "overloaded"
