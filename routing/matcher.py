@@ -34,6 +34,7 @@ from routing.text import (
     without_addresses,
     words,
 )
+from routing.typos import heard
 
 EXACT_SCORE = 1.0
 # Without an embedder a score is half the lexical match, and 0.05 is enough.
@@ -461,7 +462,7 @@ class IntentIndex:
     def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None
                 ) -> tuple[list[Score], list[Score]]:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
-        stripped = without_addresses(text).strip()
+        stripped = heard(without_addresses(text)).strip()
         if self._embedder is None:
             lexical = self.lexical(stripped, allowed)
             matched = [Score(self._texts[i].capability_id, round(LEXICAL_WEIGHT * v, 6), 0.0, v)
