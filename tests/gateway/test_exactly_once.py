@@ -9,6 +9,7 @@ tests/gateway/test_exactly_once_e2e.py.
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 
 import pytest
@@ -98,6 +99,39 @@ def test_a_reservation_lapses_when_its_gateway_never_settles_it():
     assert hasattr(held, "id") and not hasattr(refused, "id")
     assert hasattr(again, "id")
     assert not hasattr(full, "id") and full.metric == "requests"
+
+
+def test_reservations_lapse_exactly_when_due_among_many_settled_and_unsettled():
+    """Random reserve / settle / clock steps against a plain model: what is reserved is
+    always the sum of the unsettled leases not yet expired, whatever the order of their
+    expiries (the ledger keeps them in a heap it rebuilds as settled ones pile up)."""
+    rng = random.Random(11)
+    clock = FakeClock(now=1_800_000_000.0)
+    ledger = MemoryBudgets(clock=clock)
+    limits = [ScopeLimit("t", requests=10**9)]
+    live: dict[str, float] = {}  # id -> expires, the model
+
+    async def scenario():
+        for _ in range(3000):
+            roll = rng.random()
+            if roll < 0.5:
+                lease_s = rng.choice((0.5, 1, 5, 30))
+                held = await ledger.reserve(limits, Amount(1, 0, 0), lease_s=lease_s)
+                live[held.id] = clock() + lease_s
+                open_leases.append(held)
+            elif roll < 0.85 and open_leases:
+                held = open_leases.pop(rng.randrange(len(open_leases)))
+                await ledger.settle(held, Amount(1, 0, 0))
+                live.pop(held.id, None)
+            else:
+                clock.advance(rng.choice((0.1, 0.5, 2)))
+            await ledger.reserve(limits, Amount(0, 0, 0), lease_s=1)  # lapses what is due
+            now = clock()
+            expected = sum(1 for expires in live.values() if expires > now)
+            assert (await ledger.used("t"))["reserved_requests"] == expected
+
+    open_leases: list = []
+    run(scenario())
 
 
 @needs_redis
