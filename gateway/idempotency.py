@@ -76,9 +76,29 @@ def _judge(stored_hash: str, done: Stored | None, body_hash: str) -> tuple[Outco
 
 
 class MemoryStore:
+    """The records in this process (the embedded mode). Expired ones are swept when the
+    count doubles (a sweep on every claim past a fixed count made each keyed call scan
+    every record); past ``MAX_RECORDS`` live ones, the oldest finished replies go first,
+    so memory stays bounded — a replay older than that many later keyed calls is
+    forgotten, where Redis keeps it its whole day."""
+
+    MAX_RECORDS = 100_000
+    SWEEP_ABOVE = 10_000
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._records: dict[str, dict] = {}
         self._clock = clock
+        self._sweep_above = self.SWEEP_ABOVE
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        self._records = {k: r for k, r in self._records.items() if r["expires"] > now}
+        if len(self._records) > self.MAX_RECORDS:
+            finished = [k for k, r in self._records.items() if r["done"] is not None]
+            for k in finished[:len(self._records) - self.MAX_RECORDS]:
+                del self._records[k]
+        self._sweep_above = max(self.SWEEP_ABOVE, min(2 * len(self._records),
+                                                      self.MAX_RECORDS))
 
     def _live(self, key: str) -> dict | None:
         record = self._records.get(key)
@@ -89,9 +109,8 @@ class MemoryStore:
 
     async def claim(self, key: str, body_hash: str, owner: str,
                     lease_s: float) -> tuple[Outcome, Stored | None]:
-        if len(self._records) > 10_000:
-            for k in list(self._records):
-                self._live(k)
+        if len(self._records) > self._sweep_above:
+            self._sweep()
         record = self._live(key)
         if record is None:
             self._records[key] = {"hash": body_hash, "owner": owner, "done": None,

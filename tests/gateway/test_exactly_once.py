@@ -192,6 +192,36 @@ def test_a_claim_lapses_after_its_lease_and_a_finished_reply_replays_for_a_day()
     assert expired[0] == Outcome.NEW
 
 
+def test_the_in_process_store_stays_bounded_and_keeps_calls_in_progress():
+    """Past its bound the embedded store forgets the oldest finished replies first; a
+    claim still in progress is never dropped (its duplicate must stay BUSY), and what
+    expired is swept away."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    store.MAX_RECORDS, store.SWEEP_ABOVE = 50, 10
+    store._sweep_above = 10
+
+    async def scenario():
+        await store.claim("running", "h", "owner", lease_s=10_000)
+        await store.claim("lapsing", "h", "crashed", lease_s=1)
+        for i in range(200):
+            await store.claim(f"k{i}", "h", "o", lease_s=10)
+            await store.finish(f"k{i}", "o", Stored(200, str(i).encode()), "h")
+        clock.advance(2)  # the crashed claim's lease is over
+        for i in range(200, 220):
+            await store.claim(f"k{i}", "h", "o", lease_s=10)
+            await store.finish(f"k{i}", "o", Stored(200, str(i).encode()), "h")
+        return (len(store._records), await store.claim("running", "h", "dup", lease_s=10),
+                await store.claim("k219", "h", "dup", lease_s=10),
+                "lapsing" in store._records)
+
+    size, running, recent, lapsing = run(scenario())
+    assert size <= 2 * 50 + 1  # bounded (a sweep runs once the count doubles)
+    assert running[0] == Outcome.BUSY  # in progress: kept whatever the bound
+    assert recent == (Outcome.REPLAY, Stored(200, b"219"))  # the newest replies stay
+    assert not lapsing  # expired: swept
+
+
 @needs_redis
 def test_a_redis_claim_lapses_after_its_lease():
     prefix = f"{settings.REDIS_KEY_PREFIX}idem-test-{uuid.uuid4().hex[:8]}:"
