@@ -99,6 +99,7 @@ class ToolDoors:
         self._authenticate_agent = authenticate_agent
         self._clock = clock
         self._tokens: dict[str, tuple[int | None, float]] = {}
+        self._sweep_above = 10_000
 
     # ---- who calls -------------------------------------------------------------------
 
@@ -125,8 +126,11 @@ class ToolDoors:
         if self._authenticate_agent is None:
             return None
         agent_pk = await self._authenticate_agent(token)
-        if len(self._tokens) > 10_000:
+        if len(self._tokens) > self._sweep_above:
             self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}
+            # Swept again only once the count doubles: a sweep per lookup would make
+            # each new token (a guesser's, say) scan every live one.
+            self._sweep_above = max(10_000, 2 * len(self._tokens))
         # A refusal is remembered briefly: a new token must work within seconds.
         self._tokens[token] = (agent_pk, now + (AGENT_TOKEN_TTL_S if agent_pk else 5.0))
         return agent_pk
