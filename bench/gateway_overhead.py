@@ -422,7 +422,8 @@ def main() -> None:
     try:
         wait_port(agent_port, agent, "mock agent")
         key = setup_platform(env, agent_port)
-        gateway = subprocess.Popen(pinned([*uvicorn, "--port", str(gateway_port),
+        gateway = subprocess.Popen(pinned([*uvicorn, "--port", str(gateway_port), "--http",
+                                           "reach_platform.http_protocol:GuardedHttpToolsProtocol",
                                            "reach_platform.asgi:application"], SERVER_CPU),
                                    cwd=ROOT, env=env)
         passthrough = subprocess.Popen(

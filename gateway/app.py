@@ -345,7 +345,9 @@ class GatewayApp:
                 raise ReachError("service_unavailable", "This gateway has no route table "
                                  "yet (its database is unreachable); retry shortly.",
                                  retry_after=2) from None
-            if error.code == "unauthorized":
+            if error.code == "unauthorized" and header(scope, b"authorization"):
+                # Only a key that was tried counts: a request without one guesses
+                # nothing (a probe, a health check) and must not lock the address out.
                 self.auth_failures.record(address)
             raise
         return Request(scope=scope, receive=receive, send=send, request_id=request_id,
@@ -400,7 +402,14 @@ class GatewayApp:
         return await self._call(request_id, scope, receive, send, doors.chat_completions)
 
     async def _route(self, request_id, scope, receive, send) -> str:
-        request = await self._request(request_id, scope, receive, send)
+        # A dry run's intent matching is CPU like a call's: it holds a slot too.
+        with self.shedder:
+            request = await self._request(request_id, scope, receive, send)
+            with self.shedder.tenant(request.table, request.key.tenant_pk):
+                return await self._dry_run(request, scope, send)
+
+    async def _dry_run(self, request: Request, scope, send) -> str:
+        request_id = request.request_id
         feedback, query = self.route_feedback, scope.get("query_string", b"")
         try:
             body = doors.dry_run(self.router, request, internal=self._internal(scope))
@@ -473,7 +482,7 @@ class GatewayApp:
         try:
             return table, await self.tools.caller_of(table, header(scope, b"authorization"))
         except ReachError as error:
-            if error.code == "unauthorized":
+            if error.code == "unauthorized" and header(scope, b"authorization"):
                 self.auth_failures.record(address)
             raise
 
@@ -652,6 +661,13 @@ class LoadShedder:
     ``FLOOR``: a process whose CPU goes entirely to refusing calls still serves some,
     and a short burst (a few dozen calls at once into a cold process) is never shed
     for the lag it causes itself.
+
+    Tenants: ``with shedder:`` refuses past ``max_in_flight`` before authentication;
+    ``limit`` is applied once the tenant is known (``tenant``). No tenant holds more
+    than ``tenant_share`` of ``limit``, and a tenant holding less than the rest of it
+    (the quarter kept for the others) is let in even past ``limit``: when one tenant's
+    load makes the loop lag and cuts the limit below what it already holds, it is that
+    tenant whose calls are refused, not every other tenant's.
     """
 
     TICK_S = 0.01
@@ -663,10 +679,10 @@ class LoadShedder:
         """``with shedder:`` holds one call in flight for as long as the block runs; 503
         overloaded at once when the process is at its limit (``reach_shed_total``). A
         plain class rather than a generator: it runs on every call."""
-        if self.in_flight >= self.limit:
+        if self.in_flight >= self.max_in_flight:
             SHED.inc()
             raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
-                             f"({self.limit} now); retry shortly.")
+                             f"({self.max_in_flight}); retry shortly.")
         self.in_flight += 1
 
     def __exit__(self, *exc) -> None:
@@ -705,13 +721,22 @@ class LoadShedder:
         process's own ``with shedder:``. No tenant holds more than ``tenant_share`` of
         ``limit`` (rounded up): past it 429 too_many_requests, so one tenant's calls
         (slow agents, bodies trickled in) cannot take every slot and shut the others
-        out; the rest stay free for them. The share follows ``limit``, shrunk by lag."""
+        out; the rest stay free for them. Past ``limit`` itself, 503 overloaded unless
+        the tenant holds less than that rest. Both follow ``limit``, shrunk by lag."""
         held = self.held.get(tenant_pk, 0)
-        if held >= math.ceil(self.limit * self.tenant_share):
+        limit = self.limit
+        most = math.ceil(limit * self.tenant_share)
+        if held >= most:
             entry = table.tenants.get(tenant_pk)
             TENANT_SHED.labels(entry.slug if entry is not None else str(tenant_pk)).inc()
             raise ReachError("too_many_requests", f"This tenant has {held} calls in flight "
                              "in this gateway process, its most; retry shortly.")
+        # Past the limit (``in_flight`` counts this call), only a tenant still inside
+        # the part kept for the others gets in.
+        if self.in_flight > limit and held >= limit - most:
+            SHED.inc()
+            raise ReachError("overloaded", "This gateway is at its limit of calls in flight "
+                             f"({limit} now); retry shortly.")
         self.held[tenant_pk] = held + 1
         return TenantSlot(self.held, tenant_pk)
 

@@ -50,6 +50,9 @@ class CallContext:
     idempotency_key: str | None
     caller_bound: bool = False  # the caller's budget, not the agent's timeout, binds
     attempts: list[int] = field(default_factory=list)  # instance pks tried
+    # Whether another instance could take a retry (the route said so): only then does
+    # a keyed call's first attempt leave room for one.
+    retry_elsewhere: bool = True
     candidate: Candidate | None = None  # the last one tried
     # An intent that asked for several steps: their capabilities, in order (the call
     # runs the first; the caller runs the rest).
@@ -215,10 +218,11 @@ class Caller:
     def attempt_budget_ms(self, ctx: CallContext) -> float:
         """What this attempt may spend. A keyed call's first attempt gets
         ``first_attempt_share`` of what is left, so that after a time-out the one retry
-        on another instance still fits in the budget; any other attempt gets it all
-        (an unkeyed call that timed out after delivery is never retried)."""
+        on another instance still fits in the budget — when there is another instance;
+        any other attempt gets it all (an unkeyed call that timed out after delivery is
+        never retried, and with one instance a keyed call has nowhere to retry)."""
         remaining = ctx.remaining_ms()
-        if ctx.idempotent and len(ctx.attempts) == 1:
+        if ctx.idempotent and len(ctx.attempts) == 1 and ctx.retry_elsewhere:
             return remaining * self.config.first_attempt_share
         return remaining
 

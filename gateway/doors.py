@@ -11,6 +11,7 @@ A door parses and shapes; it never forwards, retries, meters or admits itself.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from urllib.parse import parse_qs, unquote
@@ -24,6 +25,7 @@ from routing.router import Router, RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
+_VERSION = re.compile(r"v?\d{1,9}(?:\.\d{1,9}){0,3}")
 MAX_INTENT_CHARS = 2000
 
 
@@ -33,8 +35,17 @@ MAX_INTENT_CHARS = 2000
 _ASYNC_FIELDS = ("mode", "callback_url", "callback_secret")
 
 
+_INVOKE_FIELDS = frozenset((*_ROUTE_FIELDS, *_ASYNC_FIELDS, "input", "params", "stream",
+                            "on_ambiguity"))
+
+
 def invoke(request: Request, *, internal: bool) -> Call:
     body = parse_json(request.raw)
+    # A misspelt field ("imput") would otherwise be a call without it.
+    unknown = sorted(set(body) - _INVOKE_FIELDS)
+    if unknown:
+        raise ReachError("invalid_input", f"Unknown field(s): {', '.join(unknown)[:300]}.",
+                         details={name[:100]: ["unknown field"] for name in unknown[:20]})
     mode = body.get("mode", "sync")
     if mode not in ("sync", "async"):
         raise ReachError("invalid_input", "'mode' must be 'sync' or 'async'.",
@@ -290,6 +301,11 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
     for name in ("min_version", "src_lang", "dest_lang", "format", "namespace"):
         if params.get(name) is not None and not isinstance(params.get(name), str):
             raise ReachError("invalid_input", f"'{name}' must be a string.")
+    min_version = params.get("min_version")
+    if min_version is not None and not _VERSION.fullmatch(min_version):
+        # Read leniently it would be 0.0.0 and match every version.
+        raise ReachError("invalid_input", "'min_version' is a version such as '1.2' or "
+                         "'1.2.0'.", details={"min_version": ["not a version"]})
     return RouteRequest(
         tenant_pk=tenant_pk, capability=capability, intent=intent,
         namespace=namespace or params.get("namespace") or "default",

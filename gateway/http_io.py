@@ -72,12 +72,19 @@ def parse_json(raw: bytes) -> dict:
         raise ReachError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ReachError("invalid_input", "Request body must be a JSON object.")
-    # Every key in the text is a string followed by a colon: with no more such spots
-    # than parsed keys, no key can have been repeated. Only when there are more (a
-    # duplicate, or a colon after a quote inside a string value) is the slow check run.
-    if len(_KEY_END.findall(raw)) > _count_keys(body):
-        _refuse_duplicates(raw)
+    check_parsed(raw, body)
     return body
+
+
+def check_parsed(raw: bytes, value) -> None:
+    """400 ``malformed_json`` for a parsed body nested past ``MAX_JSON_DEPTH`` or with a
+    repeated key (doors that parse their own bodies call it too).
+
+    Every key in the text is a string followed by a colon: with no more such spots
+    than parsed keys, no key can have been repeated. Only when there are more (a
+    duplicate, or a colon after a quote inside a string value) is the slow check run."""
+    if len(_KEY_END.findall(raw)) > _count_keys(value):
+        _refuse_duplicates(raw)
 
 
 _KEY_END = re.compile(rb'"\s*:')
@@ -85,10 +92,17 @@ _KEY_END = re.compile(rb'"\s*:')
 
 def require_json(scope, what: str = "the request body") -> None:
     """415 unless the request says its body is JSON (every door that reads one)."""
-    content_type = (header(scope, b"content-type") or "").split(";")[0].strip()
-    if content_type.lower() != "application/json":
+    content_type, _, parameters = (header(scope, b"content-type") or "").partition(";")
+    if content_type.strip().lower() != "application/json":
         raise ReachError("unsupported_media_type",
                          f"Send {what} as Content-Type: application/json.")
+    # JSON is UTF-8 (RFC 8259): a body declared in another charset would be misread.
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and \
+                value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            raise ReachError("unsupported_media_type",
+                             f"Send {what} in UTF-8 (charset=utf-8, or no charset).")
 
 
 def _count_keys(value) -> int:
@@ -106,12 +120,6 @@ def _count_keys(value) -> int:
         elif isinstance(item, list):
             pending.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
     return count
-
-
-def refuse_too_deep(value) -> None:
-    """400 ``malformed_json`` for a value nested past ``MAX_JSON_DEPTH`` (doors that
-    parse their own bodies)."""
-    _count_keys(value)
 
 
 def dumps_reply(value) -> bytes:

@@ -20,7 +20,7 @@ import orjson
 
 from gateway import doors
 from gateway.calls import CallContext
-from gateway.http_io import refuse_too_deep
+from gateway.http_io import check_parsed
 from gateway.pipeline import Pipeline
 from gateway.protocols.base import thaw
 from gateway.tools import ToolCaller, ToolDoors, as_text, manual, parameters
@@ -51,7 +51,7 @@ class McpServer:
         except orjson.JSONDecodeError:
             return 400, orjson.dumps(_error(None, PARSE_ERROR, "The body is not JSON."))
         try:
-            refuse_too_deep(message)
+            check_parsed(raw, message)
         except ReachError as error:
             return 400, orjson.dumps(_error(None, PARSE_ERROR, error.message))
         if isinstance(message, list):  # batches: 2025-03-26 only, and not served here

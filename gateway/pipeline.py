@@ -331,6 +331,8 @@ class Pipeline:
         candidate = decision.chosen
         ctx.candidate = candidate
         ctx.plan = decision.plan
+        if not exclude:
+            ctx.retry_elsewhere = decision.others > 0
         if ctx.routed is None:
             ctx.routed = time.monotonic()
         capability = candidate.capability

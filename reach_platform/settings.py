@@ -318,6 +318,9 @@ AUTH_FAILURE_LIMIT = env.int("REACH_AUTH_FAILURE_LIMIT", default=20)
 # (250/s of a 1 s agent: ~250; one process serves at most ~1,000/s): 1024 leaves
 # headroom; raise it for slower agents (long streams).
 GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
+# Every request head must be in within this (s), or 408 and the connection closed
+# (reach_platform.http_protocol): slow or silent connections cannot pile up. 0: off.
+HEADER_TIMEOUT_S = env.float("REACH_HEADER_TIMEOUT_S", default=10.0)
 # The share of that limit one tenant's calls may hold (0 < share <= 1; 1: none kept back),
 # so a tenant with slow agents or trickled bodies leaves the others a quarter of the slots.
 GATEWAY_TENANT_SHARE = env.float("REACH_GATEWAY_TENANT_SHARE", default=0.75)

@@ -122,6 +122,9 @@ class Decision:
     needs_confirmation: bool = False
     suggestions: tuple[Score, ...] = ()
     step_confidence: tuple[float, ...] = ()
+    # How many other instances could serve the chosen capability now: whether a call
+    # that fails on ``chosen`` has somewhere else to be retried.
+    others: int = 0
 
     def explain(self) -> dict:
         out = {
@@ -521,6 +524,7 @@ class Router:
                 capability=match.plan[0], chosen=first.chosen, candidates=first.candidates,
                 dropped=first.dropped, matches=match.ranked, plan=match.plan,
                 error=first.error, step_confidence=match.step_confidence, **sure,
+                others=first.others,
             )
         # The best-matching capability that some instance can serve; the others
         # are reported as dropped with the reason their candidates failed.
@@ -534,6 +538,7 @@ class Router:
                     capability=decision.capability, chosen=decision.chosen,
                     candidates=decision.candidates, dropped=(*dropped, *decision.dropped),
                     matches=match.ranked, covered=match.covered, **sure,
+                    others=decision.others,
                 )
             dropped.extend(decision.dropped)
             last = decision
@@ -620,7 +625,7 @@ class Router:
                                 chosen=self._candidate(preferred[0],
                                                        self._weights(preferred)[0],
                                                        match_score),
-                                matches=tuple(matches))
+                                matches=tuple(matches), others=len(kept) - 1)
         if pick and len(kept) == 1 and request.cost_preference != "cheapest":
             # One candidate: nothing to rank or balance.
             only = kept[0]
@@ -655,7 +660,7 @@ class Router:
         chosen = self._pick(capability_id, [kept[i] for i in pool], [weights[i] for i in pool])
         return Decision(capability=capability_id,
                         chosen=self._candidate(chosen[0], chosen[1], match_score),
-                        matches=tuple(matches))
+                        matches=tuple(matches), others=len(kept) - 1)
 
     def _with_live_load(self, table: RouteTable, row: _Row) -> _Row:
         """``row`` with the load and lease of a heartbeat newer than the table's version.

@@ -80,7 +80,23 @@ def test_guessing_keys_gets_an_address_throttled_for_the_minute(scripted):
     assert allowed.status_code == 200
 
 
-def test_bodies_must_be_json_objects_without_repeated_keys(scripted):
+def test_requests_without_a_key_guess_nothing_and_lock_no_address_out(scripted):
+    """Behind a proxy every caller shares one address: probes and health checks that
+    send no key at all must not get the real callers throttled (a break test)."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key, max_auth_failures_per_minute=5) as gw:
+            bare = [await gw.client.post("/v1/invoke", json=invoke("echo.all"))
+                    for _ in range(10)]
+            return bare, await gw.post("/v1/invoke", invoke("echo.all"))
+
+    bare, served = run(scenario())
+    assert {r.status_code for r in bare} == {401}
+    assert served.status_code == 200
+
+
+def test_bodies_must_be_utf8_json_objects_without_repeated_or_unknown_keys(scripted):
     table, key = route_table(scripted_agents(scripted.endpoint))
     auth = {"Authorization": f"Bearer {key}"}
 
@@ -101,9 +117,22 @@ def test_bodies_must_be_json_objects_without_repeated_keys(scripted):
                 "/v1/invoke", content=b'{"capability": "echo.all", "input": {"x": '
                 + b"[" * 100_000 + b"]" * 100_000 + b"}}",
                 headers={**auth, "Content-Type": "application/json"})
-            return plain, repeated, nested_repeat, tricky, deep
+            latin = await gw.client.post(
+                "/v1/invoke", content='{"capability": "echo.all", "input": {"t": "é"}}'
+                .encode("latin-1"),
+                headers={**auth, "Content-Type": "application/json; charset=ISO-8859-1"})
+            misspelt = await gw.post("/v1/invoke", {"capability": "echo.all", "imput": {}})
+            versionless = await gw.post("/v1/invoke", {"capability": "echo.all",
+                                                       "min_version": "not.a.version"})
+            return plain, repeated, nested_repeat, tricky, deep, latin, misspelt, versionless
 
-    plain, repeated, nested_repeat, tricky, deep = run(scenario())
+    plain, repeated, nested_repeat, tricky, deep, latin, misspelt, versionless = \
+        run(scenario())
+    assert versionless.status_code == 400  # read leniently it would match any version
+    assert versionless.json()["error"]["details"] == {"min_version": ["not a version"]}
+    assert latin.status_code == 415, latin.text  # JSON is UTF-8: never misread
+    assert misspelt.status_code == 400
+    assert misspelt.json()["error"]["details"] == {"imput": ["unknown field"]}
     assert plain.status_code == 415
     assert plain.json()["error"]["code"] == "unsupported_media_type"
     for reply in (repeated, nested_repeat):
@@ -145,6 +174,25 @@ def test_a_keyed_call_to_a_hung_instance_gets_200_from_the_healthy_one_within_30
     for reply, elapsed, _ in timed:
         assert reply.status_code == 200 and reply.json()["instance"] == healthy
         assert elapsed < 3.0
+
+
+def test_with_one_instance_a_keyed_call_gets_its_whole_budget(scripted):
+    """Nowhere to retry, nothing to keep back: a keyed call (and every task attempt is
+    one) to a lone instance that answers in 2 s within a 3 s deadline gets its 200, as
+    the same call without a key does (a break test: 504 at 1.8 s, 60 % of the budget,
+    and tasks of slow agents failed every attempt)."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            keyed = await gw.post("/v1/invoke", invoke("slow.op"),
+                                  X_Reach_Deadline_Ms="3000", Idempotency_Key="lone-1")
+            plain = await gw.post("/v1/invoke", invoke("slow.op"), X_Reach_Deadline_Ms="3000")
+            return keyed, plain
+
+    keyed, plain = run(scenario())
+    assert plain.status_code == 200, plain.text
+    assert keyed.status_code == 200, keyed.text
 
 
 def test_a_hung_instance_is_passed_over_once_a_call_to_it_went_unanswered(scripted):

@@ -94,3 +94,33 @@ def test_alone_a_tenant_still_gets_its_share_and_the_process_limit_holds(scripte
     over = asyncio.run(scenario())
     assert over.status_code == 503  # past the process's own limit: overloaded, as before
     assert over.json()["error"]["code"] == "overloaded"
+
+
+def test_under_lag_the_tenant_holding_the_slots_is_refused_not_the_others():
+    """One tenant holds 60 slow calls and makes the loop lag: the limit is cut to 32,
+    below what it holds. Its next calls are refused; another tenant still gets the part
+    kept for the others (a break test: the other tenant got 503 overloaded)."""
+    from gateway.app import LoadShedder
+    from reach_core.errors import ReachError
+
+    shedder = LoadShedder(max_in_flight=1024, max_loop_lag_s=0.02, tenant_share=0.75)
+    table = types.SimpleNamespace(tenants={})
+
+    def enter(tenant_pk: int) -> str:
+        shedder.__enter__()
+        try:
+            shedder.tenant(table, tenant_pk).__enter__()
+        except ReachError as error:
+            shedder.__exit__(None, None, None)
+            return error.code
+        return "admitted"
+
+    assert {enter(1) for _ in range(60)} == {"admitted"}
+    for tick in range(3):
+        shedder.observe(0.05, now=1 + tick / 100)
+    assert shedder.limit == 32
+    assert enter(1) == "too_many_requests"  # 60 held, its most is 24
+    others = [enter(2) for _ in range(10)]
+    assert others == ["admitted"] * 8 + ["overloaded"] * 2  # 32 - 24: the part kept back
+    # Each other tenant gets that much (the count cap, max_in_flight, still bounds all).
+    assert [enter(3) for _ in range(9)] == ["admitted"] * 8 + ["overloaded"]

@@ -503,7 +503,8 @@ def test_a_caller_over_its_own_quota_does_not_spend_the_shared_one(gateway, inve
 
 @pytest.mark.django_db(transaction=True)
 def test_mcp_refuses_a_message_nested_past_the_limit_and_a_reply_it_cannot_write(gateway):
-    """The /mcp door parses its own bodies: the same depth limit as every door, and an
+    """The /mcp door parses its own bodies: the same depth limit and refusal of repeated
+    keys as every door, and an
     agent's result nested too deep to write again is a JSON-RPC error, never a 500."""
     token = agent_token(gateway, "scripted")
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
@@ -514,6 +515,14 @@ def test_mcp_refuses_a_message_nested_past_the_limit_and_a_reply_it_cannot_write
     refused = httpx.post(f"{gateway.base}/mcp?agents=true", content=message, headers=headers)
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["code"] == -32700
+    # A repeated key is refused as on every door (a filter reading the first "name"
+    # would see another tool than the one that runs).
+    twice = ('{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":'
+             '"agent__echo_all","arguments":{"text":"x"},"name":"agent__slow_op"}}')
+    repeated = httpx.post(f"{gateway.base}/mcp?agents=true", content=twice, headers=headers)
+    assert repeated.status_code == 400, repeated.text
+    assert repeated.json()["error"]["code"] == -32700
+    assert "repeats the key" in repeated.json()["error"]["message"]
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "agent__deep_op", "arguments": {}}}
     answered = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, headers=headers)

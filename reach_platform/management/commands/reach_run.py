@@ -112,6 +112,7 @@ class Command(BaseCommand):
             uvicorn.run(
                 "reach_platform.asgi:application", host=host, port=port, log_level="info",
                 lifespan="on", proxy_headers=False,
+                http="reach_platform.http_protocol:GuardedHttpToolsProtocol",
                 # Logging is configured by Django (settings.LOGGING): one format for all.
                 log_config=None,
             )
