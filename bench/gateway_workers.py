@@ -37,6 +37,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway_overhead import (  # noqa: E402
+    AGENT_APPS,
     HOST,
     child_pids,
     cpu_seconds,
@@ -86,18 +87,19 @@ def main() -> None:
         uvicorn = [sys.executable, "-m", "uvicorn", "--host", HOST, "--log-level", "warning",
                    "--no-access-log", "--no-proxy-headers", "--no-server-header"]
         agent = subprocess.Popen([*uvicorn, "--port", str(agent_port),
-                                  "bench.gateway_overhead:agent_app"], cwd=ROOT, env=env)
+                                  *AGENT_APPS["openai"]], cwd=ROOT, env=env)
         procs.append(agent)
         wait_port(agent_port, agent, "mock agent")
         key = setup_platform(env, agent_port)
-        script = lua("/v1/invoke", '{"capability":"bench.echo","input":{"text":"hello"}}',
-                     key)
+        script = lua("/v1/invoke", '{"capability":"bench.chat","input":{"messages":'
+                     '[{"role":"user","content":"hello agent"}]}}', key)
         results = {}
         for workers in (1, 2):
             metrics_dir = Path(tempfile.mkdtemp(prefix="reach-prom-", dir=data_dir))
             port = free_port()
             gateway = subprocess.Popen(
                 [*uvicorn, "--port", str(port), "--workers", str(workers), "--lifespan", "on",
+                 "--http", "reach_platform.http_protocol:GuardedHttpToolsProtocol",
                  "reach_platform.gateway_asgi:application"], cwd=ROOT,
                 env={**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
             try:
