@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import doors
@@ -239,7 +240,19 @@ class GatewayApp:
                 await self.tunnels.serve(scope, receive, send)
                 return
             await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": WEBSOCKET_REFUSED})
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                await send({"type": "websocket.close", "code": WEBSOCKET_REFUSED})
+                return
+            # The server can answer the upgrade with an HTTP reply: the one error shape.
+            request_id = requestid.accept_or_new(header(scope, b"x-request-id"))
+            error = ReachError("not_found", f"No WebSocket at {scope.get('path', '')[:200]}; "
+                               f"the tunnel is at {TUNNEL_PATH}.")
+            body = orjson.dumps(error.body(request_id))
+            await send({"type": "websocket.http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode()),
+                                    (b"x-request-id", request_id.encode())]})
+            await send({"type": "websocket.http.response.body", "body": body})
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -345,7 +358,7 @@ class GatewayApp:
                 raise ReachError("service_unavailable", "This gateway has no route table "
                                  "yet (its database is unreachable); retry shortly.",
                                  retry_after=2) from None
-            if error.code == "unauthorized" and header(scope, b"authorization"):
+            if error.code == "unauthorized" and presents_key(scope):
                 # Only a key that was tried counts: a request without one guesses
                 # nothing (a probe, a health check) and must not lock the address out.
                 self.auth_failures.record(address)
@@ -412,7 +425,8 @@ class GatewayApp:
         request_id = request.request_id
         feedback, query = self.route_feedback, scope.get("query_string", b"")
         try:
-            body = doors.dry_run(self.router, request, internal=self._internal(scope))
+            body = doors.dry_run(self.pipeline.decide, request,
+                                 internal=self._internal(scope))
         except ReachError as error:
             if feedback is not None:
                 feedback.after_dry_run(request.key, query, error.explain)
@@ -482,7 +496,7 @@ class GatewayApp:
         try:
             return table, await self.tools.caller_of(table, header(scope, b"authorization"))
         except ReachError as error:
-            if error.code == "unauthorized" and header(scope, b"authorization"):
+            if error.code == "unauthorized" and presents_key(scope):
                 self.auth_failures.record(address)
             raise
 
@@ -767,6 +781,13 @@ class TenantSlot:
             self.held[self.tenant_pk] = left
         else:
             del self.held[self.tenant_pk]
+
+
+def presents_key(scope) -> bool:
+    """Whether the request offers a credential at all ("Bearer" with nothing after it,
+    what a client with an unset key variable sends, does not)."""
+    _, _, token = (header(scope, b"authorization") or "").strip().partition(" ")
+    return bool(token.strip())
 
 
 class AuthFailures:

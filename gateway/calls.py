@@ -218,13 +218,24 @@ class Caller:
     def attempt_budget_ms(self, ctx: CallContext) -> float:
         """What this attempt may spend. A keyed call's first attempt gets
         ``first_attempt_share`` of what is left, so that after a time-out the one retry
-        on another instance still fits in the budget — when there is another instance;
-        any other attempt gets it all (an unkeyed call that timed out after delivery is
-        never retried, and with one instance a keyed call has nowhere to retry)."""
+        on another instance still fits in the budget — when there is another instance,
+        and at least twice the instance's usual latency; any other attempt gets it all
+        (an unkeyed call that timed out after delivery is never retried, with one
+        instance a keyed call has nowhere to retry, and a task retries on its own)."""
         remaining = ctx.remaining_ms()
-        if ctx.idempotent and len(ctx.attempts) == 1 and ctx.retry_elsewhere:
-            return remaining * self.config.first_attempt_share
-        return remaining
+        if not (ctx.idempotent and len(ctx.attempts) == 1 and ctx.retry_elsewhere) \
+                or ctx.task is not None:
+            # A task's attempt has the task's own retries, later and elsewhere.
+            return remaining
+        first = remaining * self.config.first_attempt_share
+        usual = self.feedback.latency(ctx.candidate.instance.pk) \
+            if ctx.candidate is not None else None
+        if usual is not None:
+            # An agent that usually needs more than the share would time out on every
+            # healthy instance (a break test: a 20 s agent, 30 s timeout, two instances,
+            # 504 after running twice): it gets twice its usual time, up to all of it.
+            first = max(first, min(remaining, 2 * usual))
+        return first
 
     def downstream_budget_ms(self, ctx: CallContext, remaining: float) -> int:
         margin = min(self.config.deadline_margin_ms, remaining * self.config.deadline_margin_share)

@@ -47,6 +47,10 @@ class GatewayConfig:
     # here because it depends on how busy the machine is, which in-process tests must
     # not; deployments get REACH_GATEWAY_MAX_LOOP_LAG_MS (20) from the settings.
     max_loop_lag_ms: float = 0.0
+    # Each tenant's share of this process's CPU for intent matching (gateway.intent_cpu):
+    # milliseconds per second, and the most it may spend at once (0: no limit).
+    intent_cpu_ms_per_s: float = 500.0
+    intent_cpu_burst_ms: float = 2000.0
     # How long a call waits for one of an agent's pool connections (its max_conns)
     # before 503 upstream_busy: a bounded wait, not a queue into time-outs.
     upstream_wait_s: float = 1.0

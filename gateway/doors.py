@@ -21,7 +21,7 @@ import orjson
 from gateway.http_io import dumps_reply, parse_json
 from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message, suggested
 from reach_core.errors import ReachError
-from routing.router import Router, RouteRequest, capability_visible, visible_to
+from routing.router import RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
@@ -236,14 +236,16 @@ def completion_events(result: Result) -> bytes:
 # ---- GET /v1/route --------------------------------------------------------------------------
 
 
-def dry_run(router: Router, request: Request, *, internal: bool) -> dict:
-    """Ranked candidates with every score component and each drop reason; calls nobody."""
+def dry_run(decide, request: Request, *, internal: bool) -> dict:
+    """Ranked candidates with every score component and each drop reason; calls nobody.
+    ``decide(table, route, pick=False)`` is the pipeline's (an intent's matching is
+    charged to its tenant's CPU share)."""
     table = request.table
     query = {k: v[-1] for k, v in
              parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
     route = route_request(request.key.tenant_pk, query,
                           namespace=request.header(b"x-reach-namespace"), internal=internal)
-    decision = router.route(table, route, pick=False)
+    decision = decide(table, route, pick=False)
     explained = {"table_version": table.version, **decision.explain()}
     # The intent index covers every tenant's capabilities: name only those the caller
     # may see (its own, granted or public), in the matches, the plan and the answer.

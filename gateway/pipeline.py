@@ -52,6 +52,7 @@ from gateway.http_io import (
     sse_headers,
 )
 from gateway.inputs import Defaults, canonical_input
+from gateway.intent_cpu import IntentCpu
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
 from gateway.sse import EventFramer, EventTooLarge, data_of
@@ -155,6 +156,8 @@ class Pipeline:
         self.config = config
         self.tasks = tasks
         self.router = router
+        self.intent_cpu = IntentCpu(ms_per_s=config.intent_cpu_ms_per_s,
+                                    burst_ms=config.intent_cpu_burst_ms)
         self.caller = caller
         self.defaults = Defaults()
         # None only to measure what admission and metering cost (bench/metering.py).
@@ -308,10 +311,22 @@ class Pipeline:
         longest = self.config.max_timeout_ms if call.stream else ctx.budget_ms
         return longest / 1000 + self.config.lease_margin_s
 
+    def decide(self, table: RouteTable, route: RouteRequest, **options):
+        """The router's decision; an intent's matching is charged to its tenant's share
+        of this process's CPU (``gateway.intent_cpu``), refused once that is spent."""
+        if route.intent is None or route.capability is not None:
+            return self.router.route(table, route, **options)
+        self.intent_cpu.check(route.tenant_pk)
+        started = time.perf_counter()
+        try:
+            return self.router.route(table, route, **options)
+        finally:
+            self.intent_cpu.charge(route.tenant_pk, (time.perf_counter() - started) * 1000)
+
     def _route(self, table: RouteTable, call: Call, ctx: CallContext,
                exclude: frozenset[int] = frozenset()) -> tuple[Candidate, dict]:
         """Route and validate: the candidate and the input in the agent's own names."""
-        decision = self.router.route(table, call.route, exclude=exclude)
+        decision = self.decide(table, call.route, exclude=exclude)
         if decision.error in ("circuit_open", "no_healthy_instance"):
             # Offered to the caller but unreachable now: its metrics name the capability.
             ctx.capability_id = decision.capability

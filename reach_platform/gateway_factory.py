@@ -62,6 +62,8 @@ def gateway_config() -> GatewayConfig:
         internal_networks=settings.GATEWAY_INTERNAL_NETWORKS,
         max_in_flight=settings.GATEWAY_MAX_IN_FLIGHT,
         tenant_share=settings.GATEWAY_TENANT_SHARE,
+        intent_cpu_ms_per_s=settings.GATEWAY_INTENT_CPU_MS_PER_S,
+        intent_cpu_burst_ms=settings.GATEWAY_INTENT_CPU_BURST_MS,
         max_loop_lag_ms=settings.GATEWAY_MAX_LOOP_LAG_MS,
         upstream_wait_s=settings.GATEWAY_UPSTREAM_WAIT_S,
         # The gateway counts per process and per minute, the API per window: one limit.

@@ -87,8 +87,10 @@ def test_requests_without_a_key_guess_nothing_and_lock_no_address_out(scripted):
 
     async def scenario():
         async with in_process(table, key, max_auth_failures_per_minute=5) as gw:
-            bare = [await gw.client.post("/v1/invoke", json=invoke("echo.all"))
-                    for _ in range(10)]
+            bare = [await gw.client.post("/v1/invoke", json=invoke("echo.all"),
+                                         headers=headers)
+                    for headers in ({}, {"Authorization": "Bearer "},
+                                    {"Authorization": "Bearer"}) for _ in range(4)]
             return bare, await gw.post("/v1/invoke", invoke("echo.all"))
 
     bare, served = run(scenario())
@@ -192,6 +194,26 @@ def test_with_one_instance_a_keyed_call_gets_its_whole_budget(scripted):
 
     keyed, plain = run(scenario())
     assert plain.status_code == 200, plain.text
+    assert keyed.status_code == 200, keyed.text
+
+
+def test_a_keyed_call_to_an_agent_that_is_slow_everywhere_gets_its_usual_time(scripted):
+    """Two healthy instances that each take 2 s: once that is their known latency, a
+    keyed call with a 3 s deadline waits for its answer instead of cutting the first
+    attempt at 60 % and timing out on both (a break test: 504 after running twice)."""
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
+    table, key = route_table(agents)
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            for _ in range(2):  # one on each instance (round robin): their latency is known
+                warm = await gw.post("/v1/invoke", invoke("slow.op"))
+                assert warm.status_code == 200, warm.text
+            return await gw.post("/v1/invoke", invoke("slow.op"), X_Reach_Deadline_Ms="3000",
+                                 Idempotency_Key="slow-everywhere")
+
+    keyed = run(scenario())
     assert keyed.status_code == 200, keyed.text
 
 

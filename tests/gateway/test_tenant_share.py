@@ -9,6 +9,7 @@ import dataclasses
 import types
 
 import httpx
+import pytest
 
 from reach_core import keys
 from routing.table import ApiKeyEntry, TenantEntry
@@ -124,3 +125,62 @@ def test_under_lag_the_tenant_holding_the_slots_is_refused_not_the_others():
     assert others == ["admitted"] * 8 + ["overloaded"] * 2  # 32 - 24: the part kept back
     # Each other tenant gets that much (the count cap, max_in_flight, still bounds all).
     assert [enter(3) for _ in range(9)] == ["admitted"] * 8 + ["overloaded"]
+
+
+def test_a_tenant_whose_intents_spent_its_cpu_share_is_refused_and_others_are_not(scripted):
+    """Intent matching runs in one step of the loop, so a flood of long intents never
+    holds call slots; it is charged to the tenant's share of the CPU instead (a break
+    test: another tenant's 1 ms call took 27 s under 100 concurrent dry runs)."""
+    table, acme, globex = two_tenants(scripted.endpoint)
+    intent = "echo back everything I send " * 60  # long: its matching costs the most
+
+    async def scenario():
+        from routing.router import IntentIndexHolder, Router
+
+        holder = IntentIndexHolder(embedder=None)  # words only: quick, and enough here
+        holder.update(table)
+        app = gateway_app(table, router=Router(index=holder), intent_cpu_ms_per_s=0.001,
+                          intent_cpu_burst_ms=0.001)
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
+                                     timeout=10) as client:
+            try:
+                def dry(key: str):
+                    return client.get("/v1/route", params={"intent": intent[:1900]},
+                                      headers={"Authorization": f"Bearer {key}"})
+                first, refused = await dry(acme), await dry(acme)
+                other = await dry(globex)
+                named = await call(client, acme, "echo.all")  # no matching: not charged
+                return first, refused, other, named
+            finally:
+                await app.close()
+
+    first, refused, other, named = asyncio.run(scenario())
+    assert first.status_code in (200, 404), first.text  # its matching ran
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert other.status_code == first.status_code, other.text
+    assert named.status_code == 200, named.text
+
+
+def test_the_intent_cpu_bucket_refills_at_its_rate():
+    from gateway.intent_cpu import IntentCpu
+    from reach_core.errors import ReachError
+    from tests.support.clock import FakeClock
+
+    clock = FakeClock()
+    cpu = IntentCpu(ms_per_s=100, burst_ms=50, clock=clock)
+    cpu.check(1)
+    cpu.charge(1, 80)  # 30 ms over
+    with pytest.raises(ReachError) as refused:
+        cpu.check(1)
+    assert refused.value.retry_after == 1
+    cpu.check(2)  # another tenant's bucket is its own
+    clock.advance(0.31)  # 31 ms back: in credit again
+    cpu.check(1)
+    clock.advance(100)
+    cpu.charge(1, 49)
+    cpu.check(1)  # refilled to the burst, not past it: 1 ms left
+    cpu.charge(1, 1)
+    with pytest.raises(ReachError):
+        cpu.check(1)
