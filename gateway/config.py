@@ -50,7 +50,7 @@ class GatewayConfig:
     # Each tenant's share of this process's CPU for intent matching (gateway.intent_cpu):
     # milliseconds per second, and the most it may spend at once (0: no limit).
     intent_cpu_ms_per_s: float = 500.0
-    intent_cpu_burst_ms: float = 2000.0
+    intent_cpu_burst_ms: float = 500.0
     # How long a call waits for one of an agent's pool connections (its max_conns)
     # before 503 upstream_busy: a bounded wait, not a queue into time-outs.
     upstream_wait_s: float = 1.0

@@ -322,7 +322,7 @@ GATEWAY_MAX_IN_FLIGHT = env.int("REACH_GATEWAY_MAX_IN_FLIGHT", default=1024)
 # and the most it may spend at once (gateway.intent_cpu): one tenant's long intents
 # cannot stall everyone else's calls. 0: no limit.
 GATEWAY_INTENT_CPU_MS_PER_S = env.float("REACH_GATEWAY_INTENT_CPU_MS_PER_S", default=500.0)
-GATEWAY_INTENT_CPU_BURST_MS = env.float("REACH_GATEWAY_INTENT_CPU_BURST_MS", default=2000.0)
+GATEWAY_INTENT_CPU_BURST_MS = env.float("REACH_GATEWAY_INTENT_CPU_BURST_MS", default=500.0)
 # Every request head must be in within this (s), or 408 and the connection closed
 # (reach_platform.http_protocol): slow or silent connections cannot pile up. 0: off.
 HEADER_TIMEOUT_S = env.float("REACH_HEADER_TIMEOUT_S", default=10.0)
