@@ -11,8 +11,7 @@ has its own limit in the gateway (``REACH_GATEWAY_BODY_TIMEOUT_S``).
 
 Bytes that are no HTTP request get uvicorn's 400 in the platform's one error shape
 (JSON, ``bad_request``, with ``X-Request-ID``) instead of its plain text; a transfer
-coding other than plain ``chunked`` is one of them. A reply sent before its request's
-body was all in (a refusal, a 408) closes the connection.
+coding other than plain ``chunked`` is one of them.
 
 Served with ``uvicorn --http reach_platform.http_protocol:GuardedHttpToolsProtocol``
 (the Procfile, the systemd units and the run command do).
@@ -83,16 +82,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
                 raise ValueError("Transfer-Encoding other than 'chunked' is not accepted.")
         super().on_headers_complete()
-
-    def on_response_complete(self) -> None:
-        cycle = self.cycle
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # The reply went out before the request's body was all in (a refusal, a
-            # 408): the rest is not worth reading, and a kept connection would let its
-            # sender trickle it for ever.
-            self.transport.close()
-            return
-        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()

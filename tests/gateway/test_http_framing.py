@@ -105,37 +105,6 @@ def test_bytes_that_are_no_request_get_400_in_the_one_error_shape(gateway, frami
                                                "input": {}}).status_code == 200
 
 
-@pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5")
-def test_a_reply_before_the_whole_body_closes_the_connection(gateway):
-    """A refused call (a wrong key) or a body past its deadline is answered before its
-    body is in: the connection then ends, so its sender cannot keep it by trickling
-    the rest (a break test: 200 such connections held at 50 s)."""
-    for key in ("rk_wrong", gateway.key):
-        with connect(gateway) as sock:
-            sock.sendall(f"{HEAD}Authorization: Bearer {key}\r\nContent-Length: 1000"
-                         "\r\n\r\n{".encode())
-            reply = b""
-            for _ in range(100):  # a byte at a time, as long as the gateway listens
-                try:
-                    sock.sendall(b" ")
-                except OSError:
-                    break
-                time.sleep(0.05)  # the trickle's pace is what is under test
-                sock.setblocking(False)
-                try:
-                    chunk = sock.recv(65536)
-                except BlockingIOError:
-                    chunk = None
-                finally:
-                    sock.settimeout(10)
-                if chunk is not None:
-                    reply += chunk
-                    if not chunk:
-                        break
-            reply += read_all(sock)
-        assert reply.startswith((b"HTTP/1.1 401", b"HTTP/1.1 408")), reply[:200]
-
-
 def test_a_websocket_upgrade_anywhere_but_the_tunnel_gets_404_in_the_one_shape(gateway):
     with connect(gateway) as sock:
         sock.sendall(b"GET /v1/invoke HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
