@@ -32,7 +32,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import doors
-from gateway.auth import authenticate
+from gateway.auth import authenticate, presents_key
 from gateway.breaker import BreakerState, CircuitBreakers
 from gateway.calls import Caller
 from gateway.config import GatewayConfig
@@ -358,7 +358,7 @@ class GatewayApp:
                 raise ReachError("service_unavailable", "This gateway has no route table "
                                  "yet (its database is unreachable); retry shortly.",
                                  retry_after=2) from None
-            if error.code == "unauthorized" and presents_key(scope):
+            if error.code == "unauthorized" and presents_key(header(scope, b"authorization")):
                 # Only a key that was tried counts: a request without one guesses
                 # nothing (a probe, a health check) and must not lock the address out.
                 self.auth_failures.record(address)
@@ -496,7 +496,7 @@ class GatewayApp:
         try:
             return table, await self.tools.caller_of(table, header(scope, b"authorization"))
         except ReachError as error:
-            if error.code == "unauthorized" and presents_key(scope):
+            if error.code == "unauthorized" and presents_key(header(scope, b"authorization")):
                 self.auth_failures.record(address)
             raise
 
@@ -781,13 +781,6 @@ class TenantSlot:
             self.held[self.tenant_pk] = left
         else:
             del self.held[self.tenant_pk]
-
-
-def presents_key(scope) -> bool:
-    """Whether the request offers a credential at all ("Bearer" with nothing after it,
-    what a client with an unset key variable sends, does not)."""
-    _, _, token = (header(scope, b"authorization") or "").strip().partition(" ")
-    return bool(token.strip())
 
 
 class AuthFailures:

@@ -36,3 +36,11 @@ def authenticate(table: RouteTable, authorization: str | None, *, scope: str = "
     if scope not in entry.scopes:
         raise ReachError("forbidden", f"This key lacks the {scope!r} scope.")
     return entry
+
+
+def presents_key(authorization: str | None) -> bool:
+    """Whether an ``Authorization`` value offers a credential at all: a guess to count
+    against the address. "Bearer" with nothing after it (a client whose key variable is
+    unset) offers none."""
+    _, _, token = (authorization or "").strip().partition(" ")
+    return bool(token.strip())

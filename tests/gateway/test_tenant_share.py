@@ -13,7 +13,7 @@ import pytest
 
 from reach_core import keys
 from routing.table import ApiKeyEntry, TenantEntry
-from tests.support.inprocess import TENANT_PK, gateway_app, route_table, scripted_agents
+from tests.support.inprocess import TENANT_PK, in_process, route_table, scripted_agents
 
 OTHER_PK = TENANT_PK + 1
 
@@ -43,24 +43,19 @@ def test_a_tenant_past_its_share_gets_429_while_another_tenant_is_served(scripte
     table, acme, globex = two_tenants(scripted.endpoint)
 
     async def scenario():
-        app = gateway_app(table, max_in_flight=8, tenant_share=0.5)
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
-                                     timeout=10) as client:
-            try:
-                slow = [asyncio.ensure_future(call(client, acme, "slow.op",
-                                                   X_Reach_Deadline_Ms="1500"))
-                        for _ in range(4)]
-                while app.shedder.held.get(TENANT_PK, 0) < 4:  # all four are in
-                    await asyncio.sleep(0.005)
-                refused = await call(client, acme, "echo.all")
-                served = await call(client, globex, "echo.all")
-                held_meanwhile = dict(app.shedder.held)
-                await asyncio.gather(*slow)
-                after = await call(client, acme, "echo.all")
-                return refused, served, held_meanwhile, after, dict(app.shedder.held)
-            finally:
-                await app.close()
+        async with in_process(table, acme, max_in_flight=8, tenant_share=0.5) as gw:
+            app, client = gw.app, gw.client
+            slow = [asyncio.ensure_future(call(client, acme, "slow.op",
+                                               X_Reach_Deadline_Ms="1500"))
+                    for _ in range(4)]
+            while app.shedder.held.get(TENANT_PK, 0) < 4:  # all four are in
+                await asyncio.sleep(0.005)
+            refused = await call(client, acme, "echo.all")
+            served = await call(client, globex, "echo.all")
+            held_meanwhile = dict(app.shedder.held)
+            await asyncio.gather(*slow)
+            after = await call(client, acme, "echo.all")
+            return refused, served, held_meanwhile, after, dict(app.shedder.held)
 
     refused, served, held, after, held_at_end = asyncio.run(scenario())
     assert refused.status_code == 429
@@ -76,21 +71,15 @@ def test_alone_a_tenant_still_gets_its_share_and_the_process_limit_holds(scripte
     table, acme, _ = two_tenants(scripted.endpoint)
 
     async def scenario():
-        app = gateway_app(table, max_in_flight=4, tenant_share=1.0)
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
-                                     timeout=10) as client:
-            try:
-                slow = [asyncio.ensure_future(call(client, acme, "slow.op",
-                                                   X_Reach_Deadline_Ms="1500"))
-                        for _ in range(4)]
-                while app.shedder.held.get(TENANT_PK, 0) < 4:  # a share of 1: every slot
-                    await asyncio.sleep(0.005)
-                over = await call(client, acme, "echo.all")
-                await asyncio.gather(*slow)
-                return over
-            finally:
-                await app.close()
+        async with in_process(table, acme, max_in_flight=4, tenant_share=1.0) as gw:
+            slow = [asyncio.ensure_future(call(gw.client, acme, "slow.op",
+                                               X_Reach_Deadline_Ms="1500"))
+                    for _ in range(4)]
+            while gw.app.shedder.held.get(TENANT_PK, 0) < 4:  # a share of 1: every slot
+                await asyncio.sleep(0.005)
+            over = await call(gw.client, acme, "echo.all")
+            await asyncio.gather(*slow)
+            return over
 
     over = asyncio.run(scenario())
     assert over.status_code == 503  # past the process's own limit: overloaded, as before
@@ -139,21 +128,15 @@ def test_a_tenant_whose_intents_spent_its_cpu_share_is_refused_and_others_are_no
 
         holder = IntentIndexHolder(embedder=None)  # words only: quick, and enough here
         holder.update(table)
-        app = gateway_app(table, router=Router(index=holder), intent_cpu_ms_per_s=0.001,
-                          intent_cpu_burst_ms=0.001)
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
-                                     timeout=10) as client:
-            try:
-                def dry(key: str):
-                    return client.get("/v1/route", params={"intent": intent[:1900]},
-                                      headers={"Authorization": f"Bearer {key}"})
-                first, refused = await dry(acme), await dry(acme)
-                other = await dry(globex)
-                named = await call(client, acme, "echo.all")  # no matching: not charged
-                return first, refused, other, named
-            finally:
-                await app.close()
+        async with in_process(table, acme, router=Router(index=holder),
+                              intent_cpu_ms_per_s=0.001, intent_cpu_burst_ms=0.001) as gw:
+            def dry(key: str):
+                return gw.client.get("/v1/route", params={"intent": intent[:1900]},
+                                     headers={"Authorization": f"Bearer {key}"})
+            first, refused = await dry(acme), await dry(acme)
+            other = await dry(globex)
+            named = await call(gw.client, acme, "echo.all")  # no matching: not charged
+            return first, refused, other, named
 
     first, refused, other, named = asyncio.run(scenario())
     assert first.status_code in (200, 404), first.text  # its matching ran
