@@ -1,14 +1,26 @@
-"""Request bodies sent without a length, made whole before Django reads them.
+"""Control-plane request bodies, read whole, within a size and a time, before Django.
 
-Django takes a request's body to be ``Content-Length`` bytes long, and a body sent with
-``Transfer-Encoding: chunked`` has no such header: Django read it as empty (a break test:
-a heartbeat reporting cpu 0.99 stored as 0, a registration "missing" its capabilities,
-a 50 MB body accepted past the 2 MB limit). This layer reads such a body (refusing it
-with 413 past ``max_bytes``, as a declared length over the limit is refused) and hands it
-on with the length it turned out to have.
+Django's ASGI handler reads a request's whole body before any view or middleware runs:
+into memory and then a temporary file, however long it is, for however long it takes.
+So the limits Django applies later (``DATA_UPLOAD_MAX_MEMORY_SIZE``) come after the
+bytes are in, and a caller dripping a body holds a request for ever. This layer reads
+the body first, and answers in the platform's one error shape:
+
+- a declared ``Content-Length`` over ``max_bytes``: 413 ``payload_too_large`` at once,
+  nothing read;
+- a body still coming after ``timeout_s``: 408 ``request_timeout``;
+- a body sent without a length (``Transfer-Encoding: chunked``): read as sent and handed
+  on with the length it turned out to have (Django takes a request's body to be
+  ``Content-Length`` bytes long, and read such a body as empty — a heartbeat reporting
+  cpu 0.99 stored as 0), 413 past ``max_bytes``.
+
+The connection after an early reply is the server protocol's business
+(``reach_platform.http_protocol``: a lingering close).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import orjson
 
@@ -16,28 +28,45 @@ from reach_core import requestid
 from reach_core.errors import ReachError
 
 
-def chunked_bodies(app, *, max_bytes: int):
+def bounded_bodies(app, *, max_bytes: int, timeout_s: float):
     async def application(scope, receive, send) -> None:
-        if scope["type"] != "http" or not _chunked(scope):
+        if scope["type"] != "http":
             await app(scope, receive, send)
             return
+        declared, chunked = _framing(scope)
+        if (declared is None and not chunked) or declared == 0:
+            await app(scope, receive, send)  # nothing to read
+            return
+        if declared is not None and declared > max_bytes:
+            await _refuse(scope, send, ReachError(
+                "payload_too_large", f"Request body exceeds {max_bytes} bytes."))
+            return
         chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > max_bytes:
-                await _too_large(scope, send, max_bytes)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    body = message.get("body", b"")
+                    size += len(body)
+                    if size > max_bytes:
+                        await _refuse(scope, send, ReachError(
+                            "payload_too_large", f"Request body exceeds {max_bytes} bytes."))
+                        return
+                    chunks.append(body)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await _refuse(scope, send, ReachError(
+                "request_timeout", f"The request body did not arrive within {timeout_s:g} s."))
+            return
         body = b"".join(chunks)
-        headers = [(k, v) for k, v in scope.get("headers", [])
-                   if k.lower() not in (b"transfer-encoding", b"content-length")]
-        whole = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        if chunked:
+            headers = [(k, v) for k, v in scope.get("headers", [])
+                       if k.lower() not in (b"transfer-encoding", b"content-length")]
+            scope = {**scope, "headers": [*headers,
+                                          (b"content-length", str(len(body)).encode())]}
         sent = False
 
         async def replay():
@@ -47,25 +76,30 @@ def chunked_bodies(app, *, max_bytes: int):
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await app(whole, replay, send)
+        await app(scope, replay, send)
 
     return application
 
 
-def _chunked(scope) -> bool:
-    if any(key.lower() == b"content-length" for key, _ in scope.get("headers", [])):
-        return False
-    return any(key.lower() == b"transfer-encoding" and b"chunked" in value.lower()
-               for key, value in scope.get("headers", []))
+def _framing(scope) -> tuple[int | None, bool]:
+    """The declared length (None when there is none) and whether the body is chunked.
+    (The server refused a request with both, or with a malformed length.)"""
+    declared, chunked = None, False
+    for key, value in scope.get("headers", []):
+        key = key.lower()
+        if key == b"content-length":
+            declared = int(value)
+        elif key == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    return declared, chunked
 
 
-async def _too_large(scope, send, max_bytes: int) -> None:
+async def _refuse(scope, send, error: ReachError) -> None:
     request_id = requestid.accept_or_new(next(
         (v.decode("latin-1") for k, v in scope.get("headers", [])
          if k.lower() == b"x-request-id"), None))
-    error = ReachError("payload_too_large", f"Request body exceeds {max_bytes} bytes.")
     body = orjson.dumps(error.body(request_id))
-    await send({"type": "http.response.start", "status": 413, "headers": [
+    await send({"type": "http.response.start", "status": error.kind.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"x-request-id", request_id.encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -265,13 +265,14 @@ def build_application(*, governed: bool = True):
     from channels.routing import ProtocolTypeRouter
     from django.core.asgi import get_asgi_application
 
-    from reach_platform.asgi_body import chunked_bodies
+    from reach_platform.asgi_body import bounded_bodies
 
     django_application = get_asgi_application()
     if settings.SERVE_API:
         django_application = heartbeat_door(django_application)
-    django_application = with_request_id(chunked_bodies(
-        django_application, max_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
+    django_application = with_request_id(bounded_bodies(
+        django_application, max_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+        timeout_s=settings.GATEWAY_BODY_TIMEOUT_S))
     if not settings.SERVE_GATEWAY:
         return control_plane_only(django_application), None
     gateway = following_gateway(governed=governed)

@@ -13,6 +13,12 @@ Bytes that are no HTTP request get uvicorn's 400 in the platform's one error sha
 (JSON, ``bad_request``, with ``X-Request-ID``) instead of its plain text; a transfer
 coding other than plain ``chunked`` is one of them.
 
+A reply that goes out before its request's body is all in (a stranger's 401, 413, 408)
+ends the connection the lingering way: a FIN after the reply, what still comes discarded,
+closed when the caller closes or after the head deadline (see ``_linger``).
+
+A sized reply's head and body leave in one write (``_OneWriteReplies``).
+
 Served with ``uvicorn --http reach_platform.http_protocol:GuardedHttpToolsProtocol``
 (the Procfile, the systemd units and the run command do).
 """
@@ -53,16 +59,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte is in, its head is not yet
-        self._arm_head_timer()
+        # When the head being waited for began (the connection's opening counts: one
+        # that sends nothing is timed out too); None while no head is awaited.
+        self._head_since: float | None = self.loop.time()
+        self._arm_head_timer(self._head_since)
+        self._linger_timer: asyncio.TimerHandle | None = None
 
-    def _arm_head_timer(self) -> None:
+    def _arm_head_timer(self, since: float) -> None:
+        """The timer is lazy: armed when a head begins and none is armed, left running
+        when the head completes, and on firing it re-arms itself for the head then
+        awaited, if any. A kept-alive connection costs one timer per timeout period,
+        not a timer set and cancelled per request."""
         cls = type(self)
         if cls.head_timeout_s is None:
             cls.head_timeout_s = header_timeout_s()
         if self._head_timer is None and cls.head_timeout_s > 0:
-            self._head_timer = self.loop.call_later(cls.head_timeout_s, self._head_timed_out)
+            self._head_timer = self.loop.call_at(since + cls.head_timeout_s,
+                                                 self._head_timer_fired)
 
     def _disarm_head_timer(self) -> None:
+        self._head_since = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -70,10 +86,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._arm_head_timer()  # a kept-alive connection's next request
+        self._head_since = self.loop.time()  # a kept-alive connection's next request
+        self._arm_head_timer(self._head_since)
 
     def on_headers_complete(self) -> None:
-        self._disarm_head_timer()
+        self._head_since = None
         self._in_head = False
         for name, value in self.headers:
             # Only chunked framing: a coding before it (gzip, chunked) would be ignored
@@ -82,13 +99,59 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
                 raise ValueError("Transfer-Encoding other than 'chunked' is not accepted.")
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            cycle.transport = _OneWriteReplies(self.transport, cycle, self._linger)
+
+    def data_received(self, data: bytes) -> None:
+        if self._linger_timer is not None:
+            return  # the rest of a request already answered: discarded
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before its body was all in (401, 413, 408, 429 ...): what still
+            # comes cannot be skipped to a next request without reading it all.
+            self.server_state.total_requests += 1
+            self._linger()
+            return
+        super().on_response_complete()
+
+    def _linger(self) -> None:
+        """End a connection whose reply went out while its request's body was still
+        coming. Closed at once, the caller still sending would get a reset, often
+        before it reads its reply; kept open, a caller dripping the rest holds it for
+        ever. So: the reply is followed by a FIN, what still comes is discarded, and
+        the connection is closed when the caller closes its side or, at the latest,
+        after the head deadline."""
+        if self._linger_timer is not None:
+            return
+        self._disarm_head_timer()
+        self.flow.resume_reading()  # paused when the unread body filled uvicorn's buffer
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._linger_timer = self.loop.call_later(
+            type(self).head_timeout_s or DEFAULT_HEADER_TIMEOUT_S, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
 
-    def _head_timed_out(self) -> None:
+    def _head_timer_fired(self) -> None:
         self._head_timer = None
+        since = self._head_since
+        if since is None:
+            return  # no head awaited: the next one arms the timer again
+        if self.loop.time() - since < (type(self).head_timeout_s or 0):
+            self._arm_head_timer(since)  # a later head than the one this was armed for
+            return
+        self._head_timed_out()
+
+    def _head_timed_out(self) -> None:
+        self._head_since = None
         if self.transport.is_closing():
             return
         if self.cycle is not None and not self.cycle.response_complete:
@@ -108,3 +171,57 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_head_timer()
         self.transport.write(_closing_reply(b"400 Bad Request", "bad_request", msg))
         self.transport.close()
+
+
+class _OneWriteReplies:
+    """A request cycle's view of its connection: a sized reply's head is held until the
+    first bytes of its body and written with them, so a small reply leaves in one write
+    (one system call, one segment) instead of two. A chunked reply's head (a stream)
+    goes out at once: a caller waiting for an event sees the 200 when it is decided.
+    Anything else the cycle does with the transport is the transport's own."""
+
+    __slots__ = ("_cycle", "_head", "_linger", "_replied", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle, linger) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._linger = linger
+        self._head: bytes | None = None
+        self._replied = False
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        elif not self._replied and self._cycle.response_started:
+            # The reply's head: written by the cycle once its headers are checked.
+            self._replied = True
+            cycle = self._cycle
+            if cycle.more_body and cycle.keep_alive:
+                # Its request's body is still coming: the connection ends after this
+                # reply (a lingering close), and the head says so, or the caller would
+                # send its next request down a connection that is closing.
+                cycle.keep_alive = False
+                data = data[:-2] + b"connection: close\r\n\r\n"
+            # (A HEAD reply has no body to carry its head: it goes now.)
+            if cycle.chunked_encoding is False and cycle.expected_content_length > 0 \
+                    and cycle.scope["method"] != "HEAD":
+                self._head = data
+                return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        cycle = self._cycle
+        if cycle.response_complete and cycle.more_body:
+            # A whole reply (with Connection: close) to a request whose body is still
+            # coming: closed the lingering way, not with a reset.
+            self._linger()
+            return
+        # A reply cut short (the app failed mid-reply) ends as it would have: its head
+        # out, then the connection closed.
+        if self._head is not None:
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)

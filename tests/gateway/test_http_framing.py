@@ -121,3 +121,107 @@ def test_a_websocket_upgrade_anywhere_but_the_tunnel_gets_404_in_the_one_shape(g
     error = json.loads(body)["error"]
     assert error["code"] == "not_found"
     assert f"x-request-id: {error['request_id']}".encode() in head.lower()
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """One sized reply: its head and its Content-Length's worth of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="0.5")
+def test_a_body_still_dripping_after_its_early_reply_does_not_hold_the_connection(gateway):
+    """A stranger's body is never read: the 401 goes out at once. The connection must not
+    then stay open for as long as the caller keeps dripping the rest of a body it
+    announced (1 MB here): the gateway half-closes after the reply, discards what still
+    comes for at most the head deadline, and closes."""
+    with connect(gateway) as sock:
+        sock.sendall(f"{HEAD}Content-Length: 1000000\r\n\r\n{{\"cap".encode())
+        reply = read_reply(sock)
+        assert reply.startswith(b"HTTP/1.1 401"), reply[:300]
+        assert b"\r\nconnection: close\r\n" in reply.lower()  # not to be reused
+        started, closed = time.monotonic(), False
+        while time.monotonic() - started < 5:
+            try:
+                sock.sendall(b" ")
+                sock.setblocking(False)
+                try:
+                    closed = sock.recv(65536) == b""  # the gateway's FIN, or its close
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.settimeout(10)
+            except OSError:  # reset: the gateway closed while bytes kept coming
+                closed = True
+            if closed:
+                break
+            time.sleep(0.05)  # the drip's pace is what is under test
+        assert closed, "the connection was held open by a body nobody reads"
+    with gateway.client() as client:  # and the gateway serves on
+        assert client.post("/v1/invoke", json={"capability": "echo.all",
+                                               "input": {}}).status_code == 200
+
+
+def test_an_early_reply_to_a_body_all_in_keeps_the_connection(gateway):
+    """The lingering close is for bodies still coming: a refused request whose body is
+    all in leaves its connection kept alive for the next request."""
+    with connect(gateway) as sock:
+        body = b'{"capability": "echo.all", "input": {}}'
+        sock.sendall(f"{HEAD}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert read_reply(sock).startswith(b"HTTP/1.1 401")
+        sock.sendall(call(gateway, "echo.all"))
+        assert read_reply(sock).startswith(b"HTTP/1.1 200")
+
+
+def drip_until_reply(sock: socket.socket, seconds: float) -> bytes:
+    """Send a space every 50 ms until the gateway answers (or ``seconds`` pass)."""
+    started, reply = time.monotonic(), b""
+    while not reply and time.monotonic() - started < seconds:
+        try:
+            sock.sendall(b" ")
+        except OSError:
+            break
+        time.sleep(0.05)  # the drip's pace is what is under test
+        sock.setblocking(False)
+        try:
+            reply = sock.recv(65536)
+        except BlockingIOError:
+            pass
+        finally:
+            sock.settimeout(10)
+    return reply
+
+
+@pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5", REACH_HEADER_TIMEOUT_S="0.5")
+def test_the_control_plane_bounds_a_dripped_body_in_time(gateway):
+    """The API (Django) reads a body before any view runs, and would wait on a dripped
+    one for ever: it has the gateway's body deadline, answered 408 request_timeout."""
+    with connect(gateway) as sock:
+        sock.sendall(b"POST /api/v1/agents/register HTTP/1.1\r\nHost: gw\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+        reply = drip_until_reply(sock, 5)
+        reply += read_all(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply[:300]
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout"
+    assert f"x-request-id: {error['request_id']}".encode() in head.lower()
+
+
+def test_the_control_plane_refuses_a_declared_oversized_body_before_reading_it(gateway):
+    """A declared length over the API's limit is refused at once: the body is not read
+    (nor spooled to disk, as Django's handler would) to find out."""
+    with connect(gateway) as sock:
+        sock.sendall(b"POST /api/v1/agents/register HTTP/1.1\r\nHost: gw\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
+        reply = read_reply(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), reply[:300]
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
