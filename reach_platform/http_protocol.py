@@ -64,6 +64,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_since: float | None = self.loop.time()
         self._arm_head_timer(self._head_since)
         self._linger_timer: asyncio.TimerHandle | None = None
+        # A 400 for bytes that came after requests still being answered: it follows
+        # their replies (replies go out in request order), then the connection closes.
+        self._last_reply: bytes | None = None
 
     def _arm_head_timer(self, since: float) -> None:
         """The timer is lazy: armed when a head begins and none is armed, left running
@@ -104,11 +107,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.transport = _OneWriteReplies(self.transport, cycle, self._linger)
 
     def data_received(self, data: bytes) -> None:
-        if self._linger_timer is not None:
-            return  # the rest of a request already answered: discarded
+        if self._linger_timer is not None or self._last_reply is not None:
+            # The rest of a request already answered, or bytes after ones that were no
+            # request (nothing after them can be framed): discarded.
+            return
         super().data_received(data)
 
     def on_response_complete(self) -> None:
+        if self._last_reply is not None and not self.pipeline:
+            self.server_state.total_requests += 1
+            if not self.transport.is_closing():
+                self.transport.write(self._last_reply)
+                self.transport.close()
+            return
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
             # Answered before its body was all in (401, 413, 408, 429 ...): what still
@@ -154,22 +165,30 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_since = None
         if self.transport.is_closing():
             return
+        reply = _closing_reply(
+            b"408 Request Timeout", "request_timeout", "The request head did not "
+            f"arrive within {type(self).head_timeout_s or 0:g} s.") if self._in_head else b""
         if self.cycle is not None and not self.cycle.response_complete:
             # A reply is still going out (the slow head is a pipelined next request):
-            # nothing may be written across it; the connection ends after it.
-            self.cycle.keep_alive = False
+            # nothing may be written across it; the 408 follows it, then the close.
+            self._last_reply = reply
             return
-        if self._in_head:
-            self.transport.write(_closing_reply(
-                b"408 Request Timeout", "request_timeout", "The request head did not "
-                f"arrive within {type(self).head_timeout_s or 0:g} s."))
+        self.transport.write(reply)
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         """Bytes that are no HTTP request (smuggling attempts, bad chunk sizes, control
         characters in headers): uvicorn's plain-text 400, in the one error shape."""
         self._disarm_head_timer()
-        self.transport.write(_closing_reply(b"400 Bad Request", "bad_request", msg))
+        reply = _closing_reply(b"400 Bad Request", "bad_request", msg)
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body and not cycle.response_complete:
+            # The bytes follow requests whole and not yet answered: the 400 waits for
+            # their replies (on_response_complete). (Bytes breaking a request's own body
+            # are that request's answer: now.)
+            self._last_reply = reply
+            return
+        self.transport.write(reply)
         self.transport.close()
 
 

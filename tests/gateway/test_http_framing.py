@@ -8,6 +8,7 @@ error shape, the connection closed, nothing of them reaching an agent."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -225,3 +226,27 @@ def test_the_control_plane_refuses_a_declared_oversized_body_before_reading_it(g
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413"), reply[:300]
     assert json.loads(body)["error"]["code"] == "payload_too_large"
+
+
+def test_a_malformed_request_pipelined_behind_a_call_gets_its_400_after_the_calls_reply(
+        gateway):
+    """Replies go out in request order: a 400 for bytes that follow a call on the same
+    connection must not overtake (and cut off) the call's own reply."""
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "slow.op") + call(gateway, "echo.all")
+                     + b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nContent-Length: -1\r\n\r\n")
+        replies = read_all(sock)
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", replies)
+    assert statuses == [b"200", b"200", b"400"], replies[:600]
+    assert len([s for s in gateway.seen() if s["path"] in ("/echo", "/slow")]) == 2
+
+
+@pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="0.5")
+def test_a_slow_head_pipelined_behind_a_slow_call_gets_its_408_after_the_calls_reply(
+        gateway):
+    with connect(gateway) as sock:
+        # The call takes 2 s; the next request's head begins at once and never ends.
+        sock.sendall(call(gateway, "slow.op") + b"POST /v1/invoke HTTP/1.1\r\nHost: gw\r\n")
+        replies = read_all(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", replies) == [b"200", b"408"], replies[:600]
+    assert b'"request_timeout"' in replies
