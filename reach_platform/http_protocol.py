@@ -15,7 +15,15 @@ coding other than plain ``chunked`` is one of them.
 
 A reply that goes out before its request's body is all in (a stranger's 401, 413, 408)
 ends the connection the lingering way: a FIN after the reply, what still comes discarded,
-closed when the caller closes or after the head deadline (see ``_linger``).
+closed when the caller closes or after the head deadline (see ``_linger``); so do the
+refusals above.
+
+Replies keep request order: a refusal of a pipelined request (400, 408, 431) waits for
+the replies to the requests before it. A head still arriving is cut at
+``MAX_HEAD_BYTES`` (431). ``Upgrade`` to anything but WebSocket is refused (400): the
+parser would hand the body to the other protocol, lost or read as a smuggled request.
+Bytes between requests (a lone CRLF) start the head deadline; a caller that half-closes
+after its request still gets the reply.
 
 A sized reply's head and body leave in one write (``_OneWriteReplies``).
 
@@ -34,6 +42,10 @@ from reach_core.errors import error_body
 from reach_core.requestid import new_request_id
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
+# The most a request head (request line and headers) may take: 431 past it. The gateway
+# refuses heads over its own 16 KiB once they are in; this bounds what the parser holds
+# before that, for every route (the API's included).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 def _closing_reply(status: bytes, code: str, message: str) -> bytes:
@@ -59,14 +71,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte is in, its head is not yet
+        self._head_bytes = 0  # what arrived while the head being read is incomplete
+        self._heads = 0  # heads parsed on this connection
         # When the head being waited for began (the connection's opening counts: one
         # that sends nothing is timed out too); None while no head is awaited.
         self._head_since: float | None = self.loop.time()
         self._arm_head_timer(self._head_since)
         self._linger_timer: asyncio.TimerHandle | None = None
-        # A 400 for bytes that came after requests still being answered: it follows
-        # their replies (replies go out in request order), then the connection closes.
+        # The reply to bytes that came after requests still being answered (400, 408,
+        # 431): it follows their replies (replies keep request order), then the close.
         self._last_reply: bytes | None = None
+        self._why: str | None = None  # why a head was refused (the parser says less)
 
     def _arm_head_timer(self, since: float) -> None:
         """The timer is lazy: armed when a head begins and none is armed, left running
@@ -95,12 +110,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_since = None
         self._in_head = False
+        self._head_bytes = 0
+        self._heads += 1
+        upgrade = connection = None
         for name, value in self.headers:
             # Only chunked framing: a coding before it (gzip, chunked) would be ignored
             # by everything downstream, the body read as if it were plain. Raising here
             # ends the parse: the 400 below (send_400_response), the connection closed.
             if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
-                raise ValueError("Transfer-Encoding other than 'chunked' is not accepted.")
+                self._why = "Transfer-Encoding other than 'chunked' is not accepted."
+                raise ValueError(self._why)
+            if name == b"upgrade":
+                upgrade = value.strip().lower()
+            elif name == b"connection":
+                connection = value.lower()
+        if upgrade is not None and connection is not None and b"upgrade" in connection \
+                and upgrade != b"websocket":
+            # The parser hands whatever follows such a head to the new protocol: the
+            # body would be lost, or, arriving later, parsed as a request of its own (a
+            # smuggled call). Only WebSocket (the tunnel) is spoken here.
+            self._why = (f"Upgrade to {upgrade.decode('latin-1')[:40]!r} is not supported: "
+                         "send the request without it.")
+            raise ValueError(self._why)
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
@@ -111,27 +142,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # The rest of a request already answered, or bytes after ones that were no
             # request (nothing after them can be framed): discarded.
             return
+        if self._head_since is None and (self.cycle is None or self.cycle.response_complete):
+            # Bytes between requests (a lone CRLF the parser skips) start the head clock:
+            # they must not keep an idle connection open past its head deadline.
+            self._head_since = self.loop.time()
+            self._arm_head_timer(self._head_since)
+        heads = self._heads
         super().data_received(data)
+        if self._in_head and heads == self._heads and self._last_reply is None \
+                and not self.transport.is_closing():
+            # The parser keeps a head until it is whole: bound what it may hold. (Counted
+            # from the first read that completes no head: pipelined requests before it in
+            # one read are not its bytes.)
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._in_head = False
+                self._refuse(_closing_reply(
+                    b"431 Request Header Fields Too Large", "headers_too_large",
+                    f"The request head exceeds {MAX_HEAD_BYTES} bytes."))
+
+    def eof_received(self) -> bool | None:
+        # A caller may half-close once its request is sent: its reply still goes out
+        # (then the connection closes). Any other end of input ends the connection.
+        cycle = self.cycle
+        if self._linger_timer is None and cycle is not None and not cycle.response_complete \
+                and not cycle.more_body:
+            cycle.keep_alive = False
+            return True
+        return None
 
     def on_response_complete(self) -> None:
         if self._last_reply is not None and not self.pipeline:
             self.server_state.total_requests += 1
-            if not self.transport.is_closing():
-                self.transport.write(self._last_reply)
-                self.transport.close()
-            return
-        cycle = self.cycle
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # Answered before its body was all in (401, 413, 408, 429 ...): what still
-            # comes cannot be skipped to a next request without reading it all.
-            self.server_state.total_requests += 1
-            self._linger()
+            self._end(self._last_reply)
             return
         super().on_response_complete()
 
     def _linger(self) -> None:
-        """End a connection whose reply went out while its request's body was still
-        coming. Closed at once, the caller still sending would get a reset, often
+        """End a connection after its last reply while the caller may still be sending
+        (a body nobody will read, bytes after a refused head). Closed at once, the
+        caller still sending would get a reset, often
         before it reads its reply; kept open, a caller dripping the rest holds it for
         ever. So: the reply is followed by a FIN, what still comes is discarded, and
         the connection is closed when the caller closes its side or, at the latest,
@@ -165,31 +215,42 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_since = None
         if self.transport.is_closing():
             return
-        reply = _closing_reply(
+        self._refuse(_closing_reply(
             b"408 Request Timeout", "request_timeout", "The request head did not "
-            f"arrive within {type(self).head_timeout_s or 0:g} s.") if self._in_head else b""
-        if self.cycle is not None and not self.cycle.response_complete:
-            # A reply is still going out (the slow head is a pipelined next request):
-            # nothing may be written across it; the 408 follows it, then the close.
-            self._last_reply = reply
-            return
-        self.transport.write(reply)
-        self.transport.close()
+            f"arrive within {type(self).head_timeout_s or 0:g} s.") if self._in_head else b"")
 
     def send_400_response(self, msg: str) -> None:
         """Bytes that are no HTTP request (smuggling attempts, bad chunk sizes, control
         characters in headers): uvicorn's plain-text 400, in the one error shape."""
+        self._refuse(_closing_reply(b"400 Bad Request", "bad_request", self._why or msg))
+
+    def _refuse(self, reply: bytes) -> None:
+        """Answer what cannot be served and close: at once, unless replies to requests
+        before it are still owed — then after them (``on_response_complete``). A request
+        whose own body broke is answered at once if it is the one being served, and
+        never run if it was still waiting its turn."""
         self._disarm_head_timer()
-        reply = _closing_reply(b"400 Bad Request", "bad_request", msg)
         cycle = self.cycle
-        if cycle is not None and not cycle.more_body and not cycle.response_complete:
-            # The bytes follow requests whole and not yet answered: the 400 waits for
-            # their replies (on_response_complete). (Bytes breaking a request's own body
-            # are that request's answer: now.)
-            self._last_reply = reply
+        if cycle is not None and not cycle.response_complete:
+            waiting = next((entry for entry in self.pipeline if entry[0] is cycle), None)
+            if not cycle.more_body or waiting is not None:
+                if cycle.more_body:
+                    self.pipeline.remove(waiting)
+                self._last_reply = reply
+                return
+        self._end(reply)
+
+    def _end(self, reply: bytes) -> None:
+        """The connection's last reply, then its end: the lingering way when there is a
+        reply (the caller may still be sending: a reset could destroy the reply before
+        it is read), at once when there is none."""
+        if self.transport.is_closing():
+            return
+        if not reply:
+            self.transport.close()
             return
         self.transport.write(reply)
-        self.transport.close()
+        self._linger()
 
 
 class _OneWriteReplies:

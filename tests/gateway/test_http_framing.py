@@ -7,6 +7,7 @@ error shape, the connection closed, nothing of them reaching an agent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -250,3 +251,75 @@ def test_a_slow_head_pipelined_behind_a_slow_call_gets_its_408_after_the_calls_r
         replies = read_all(sock)
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", replies) == [b"200", b"408"], replies[:600]
     assert b'"request_timeout"' in replies
+
+
+def statuses(replies: bytes) -> list[bytes]:
+    return re.findall(rb"HTTP/1\.1 (\d{3}) ", replies)
+
+
+def test_an_upgrade_other_than_websocket_is_refused_and_smuggles_nothing(gateway):
+    """The parser hands what follows an Upgrade head to the new protocol: the body was
+    dropped, or — arriving later — run as a request of its own (a smuggled call)."""
+    smuggled = call(gateway, "echo.all")
+    with connect(gateway) as sock:
+        sock.sendall(f"{HEAD}Authorization: Bearer {gateway.key}\r\nConnection: Upgrade\r\n"
+                     f"Upgrade: h2c\r\nContent-Length: {len(smuggled)}\r\n\r\n".encode())
+        time.sleep(0.2)  # the body in a later segment: how the smuggling worked
+        with contextlib.suppress(OSError):  # closed already: nothing was smuggled
+            sock.sendall(smuggled)
+        replies = read_all(sock)
+    assert statuses(replies) == [b"400"], replies[:600]
+    assert b'"bad_request"' in replies and b"h2c" in replies
+    assert not [s for s in gateway.seen() if s["path"] == "/echo"]
+
+
+@pytest.mark.parametrize("path", ["/v1/invoke", "/api/v1/agents"])
+def test_a_head_that_never_ends_is_bounded_in_size(gateway, path):
+    """Before the head is whole, the parser holds it: 431 once it passes 64 KiB,
+    without waiting for its end (the API has no limit of its own on heads)."""
+    with connect(gateway) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gw\r\nX-Big: ".encode())
+        try:
+            for _ in range(40):  # 640 KiB at most, never a line end
+                sock.sendall(b"a" * 16384)
+        except OSError:
+            pass  # refused and closed while sending
+        replies = read_all(sock)
+    assert statuses(replies) == [b"431"], replies[:300]
+    assert b'"headers_too_large"' in replies
+
+
+@pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="0.5")
+def test_a_lone_crlf_does_not_keep_a_kept_alive_connection_open(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "echo.all"))
+        assert read_reply(sock).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        sock.sendall(b"\r\n")
+        assert read_all(sock) == b""  # closed, with nothing said: no request had begun
+        assert time.monotonic() - started < 5  # the head deadline, not the keep-alive's
+
+
+def test_a_broken_body_pipelined_behind_a_call_does_not_cut_its_reply(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "slow.op") + f"{HEAD}Authorization: Bearer {gateway.key}"
+                     "\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".encode())
+        replies = read_all(sock)
+    assert statuses(replies) == [b"200", b"400"], replies[:600]
+    assert not [s for s in gateway.seen() if s["path"] == "/echo"]
+
+
+def test_an_early_reply_pipelined_behind_a_call_is_sent(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "slow.op")
+                     + f"{HEAD}Content-Length: 1000000\r\n\r\n{{\"cap".encode())
+        replies = read_all(sock)
+    assert statuses(replies) == [b"200", b"401"], replies[:600]
+
+
+def test_a_caller_that_half_closes_after_its_request_gets_its_reply(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "echo.all"))
+        sock.shutdown(socket.SHUT_WR)
+        replies = read_all(sock)
+    assert statuses(replies) == [b"200"], replies[:300]
