@@ -238,6 +238,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                     self.pipeline.remove(waiting)
                 self._last_reply = reply
                 return
+            # Its own body broke while it was being served: the refusal is its answer.
+            # Its app is told the caller is gone (as when the connection drops), or it
+            # would wait for the rest and answer across the refusal.
+            cycle.disconnected = True
+            cycle.message_event.set()
         self._end(reply)
 
     def _end(self, reply: bytes) -> None:

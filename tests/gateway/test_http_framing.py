@@ -323,3 +323,19 @@ def test_a_caller_that_half_closes_after_its_request_gets_its_reply(gateway):
         sock.shutdown(socket.SHUT_WR)
         replies = read_all(sock)
     assert statuses(replies) == [b"200"], replies[:300]
+
+
+@pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5")
+def test_a_call_whose_own_body_breaks_is_answered_once(gateway, tmp_path):
+    """The 400 is the call's answer: its handler is told the caller is gone, not left
+    waiting for the rest of the body to answer 408 across the refusal (an error in the
+    server's log, and a call slot held meanwhile)."""
+    with connect(gateway) as sock:
+        sock.sendall(f"{HEAD}Authorization: Bearer {gateway.key}\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".encode())
+        reply = read_reply(sock)
+        time.sleep(1.5)  # the connection kept open past the body deadline: under test
+        rest = read_all(sock)
+    assert statuses(reply + rest) == [b"400"], (reply + rest)[:600]
+    log = (tmp_path / "gw.log").read_text()
+    assert "Exception in ASGI application" not in log, log[-2000:]
