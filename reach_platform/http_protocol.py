@@ -72,6 +72,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a request's first byte is in, its head is not yet
         self._head_bytes = 0  # what arrived while the head being read is incomplete
+        # No byte of a next request yet (since the last head, or the opening): the next
+        # bytes, even a lone CRLF the parser skips, start that request's head clock.
+        self._idle = True
         self._heads = 0  # heads parsed on this connection
         # When the head being waited for began (the connection's opening counts: one
         # that sends nothing is timed out too); None while no head is awaited.
@@ -104,12 +107,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_since = self.loop.time()  # a kept-alive connection's next request
-        self._arm_head_timer(self._head_since)
+        self._idle = False
+        if self._head_since is None:  # a pipelined request (its bytes came during a reply)
+            self._head_since = self.loop.time()
+            self._arm_head_timer(self._head_since)
 
     def on_headers_complete(self) -> None:
         self._head_since = None
         self._in_head = False
+        self._idle = True
         self._head_bytes = 0
         self._heads += 1
         upgrade = connection = None
@@ -142,9 +148,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # The rest of a request already answered, or bytes after ones that were no
             # request (nothing after them can be framed): discarded.
             return
-        if self._head_since is None and (self.cycle is None or self.cycle.response_complete):
-            # Bytes between requests (a lone CRLF the parser skips) start the head clock:
-            # they must not keep an idle connection open past its head deadline.
+        if self._idle and (self.cycle is None or self.cycle.response_complete):
+            # A request's first bytes start its head clock, even a lone CRLF the parser
+            # skips: nothing may keep an idle connection open past the head deadline.
+            self._idle = False
             self._head_since = self.loop.time()
             self._arm_head_timer(self._head_since)
         heads = self._heads
@@ -165,11 +172,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # A caller may half-close once its request is sent: its reply still goes out
         # (then the connection closes). Any other end of input ends the connection.
         cycle = self.cycle
-        if self._linger_timer is None and cycle is not None and not cycle.response_complete \
-                and not cycle.more_body:
-            cycle.keep_alive = False
+        if self._linger_timer is not None or cycle is None or cycle.response_complete:
+            return None
+        if cycle.more_body:
+            # The newest request will never be whole: it is not run. If it is the one
+            # being served, nothing is owed; else replies to whole requests before it are.
+            waiting = next((entry for entry in self.pipeline if entry[0] is cycle), None)
+            if waiting is None:
+                return None
+            self.pipeline.remove(waiting)
+            self._last_reply = b""  # the close, after the replies owed
             return True
-        return None
+        cycle.keep_alive = False
+        return True
 
     def on_response_complete(self) -> None:
         if self._last_reply is not None and not self.pipeline:

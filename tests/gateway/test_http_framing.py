@@ -339,3 +339,32 @@ def test_a_call_whose_own_body_breaks_is_answered_once(gateway, tmp_path):
     assert statuses(reply + rest) == [b"400"], (reply + rest)[:600]
     log = (tmp_path / "gw.log").read_text()
     assert "Exception in ASGI application" not in log, log[-2000:]
+
+
+def test_a_half_close_after_a_whole_call_and_part_of_another_answers_the_whole_one(gateway):
+    """The second request will never be whole (the caller is done sending): it is not
+    run, and the first, which was, still gets its reply."""
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "slow.op") + call(gateway, "echo.all")[:-5])
+        sock.shutdown(socket.SHUT_WR)
+        replies = read_all(sock)
+    assert statuses(replies) == [b"200"], replies[:600]
+    assert not [s for s in gateway.seen() if s["path"] == "/echo"]
+
+
+@pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="1")
+def test_the_head_clock_runs_from_a_requests_first_byte_even_a_crlf(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "echo.all"))
+        assert read_reply(sock).startswith(b"HTTP/1.1 200")
+        line, rest = call(gateway, "echo.all").split(b"\r\n", 1)
+        sock.sendall(b"\r\n")
+        time.sleep(0.5)  # the pace of the head's bytes is what is under test
+        sock.sendall(line + b"\r\n")
+        # The rest 1.3 s after the CRLF: past its deadline, within one counted from the
+        # request line (which would serve the call).
+        time.sleep(0.8)
+        with contextlib.suppress(OSError):
+            sock.sendall(rest)
+        replies = read_all(sock)
+    assert statuses(replies) == [b"408"], replies[:300]
