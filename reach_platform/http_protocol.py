@@ -118,7 +118,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._idle = True
         self._head_bytes = 0
         self._heads += 1
-        upgrade = connection = None
+        upgrades, connection = [], b""
         for name, value in self.headers:
             # Only chunked framing: a coding before it (gzip, chunked) would be ignored
             # by everything downstream, the body read as if it were plain. Raising here
@@ -127,11 +127,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._why = "Transfer-Encoding other than 'chunked' is not accepted."
                 raise ValueError(self._why)
             if name == b"upgrade":
-                upgrade = value.strip().lower()
+                upgrades.append(value.strip().lower())
             elif name == b"connection":
-                connection = value.lower()
-        if upgrade is not None and connection is not None and b"upgrade" in connection \
-                and upgrade != b"websocket":
+                connection += b"," + value.lower()  # every Connection header counts
+        upgrade = next((u for u in upgrades if u != b"websocket"), None)
+        if upgrade is not None and b"upgrade" in connection:
             # The parser hands whatever follows such a head to the new protocol: the
             # body would be lost, or, arriving later, parsed as a request of its own (a
             # smuggled call). Only WebSocket (the tunnel) is spoken here.

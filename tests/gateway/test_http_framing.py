@@ -257,13 +257,18 @@ def statuses(replies: bytes) -> list[bytes]:
     return re.findall(rb"HTTP/1\.1 (\d{3}) ", replies)
 
 
-def test_an_upgrade_other_than_websocket_is_refused_and_smuggles_nothing(gateway):
+@pytest.mark.parametrize("upgrade", [
+    "Connection: Upgrade\r\nUpgrade: h2c",
+    "Connection: upgrade\r\nConnection: keep-alive\r\nUpgrade: websocket\r\nUpgrade: h2c",
+    "Connection: keep-alive\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nUpgrade: websocket",
+])
+def test_an_upgrade_other_than_websocket_is_refused_and_smuggles_nothing(gateway, upgrade):
     """The parser hands what follows an Upgrade head to the new protocol: the body was
     dropped, or — arriving later — run as a request of its own (a smuggled call)."""
     smuggled = call(gateway, "echo.all")
     with connect(gateway) as sock:
-        sock.sendall(f"{HEAD}Authorization: Bearer {gateway.key}\r\nConnection: Upgrade\r\n"
-                     f"Upgrade: h2c\r\nContent-Length: {len(smuggled)}\r\n\r\n".encode())
+        sock.sendall(f"{HEAD}Authorization: Bearer {gateway.key}\r\n{upgrade}\r\n"
+                     f"Content-Length: {len(smuggled)}\r\n\r\n".encode())
         time.sleep(0.2)  # the body in a later segment: how the smuggling worked
         with contextlib.suppress(OSError):  # closed already: nothing was smuggled
             sock.sendall(smuggled)
