@@ -196,11 +196,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _linger(self) -> None:
         """End a connection after its last reply while the caller may still be sending
         (a body nobody will read, bytes after a refused head). Closed at once, the
-        caller still sending would get a reset, often
-        before it reads its reply; kept open, a caller dripping the rest holds it for
-        ever. So: the reply is followed by a FIN, what still comes is discarded, and
-        the connection is closed when the caller closes its side or, at the latest,
-        after the head deadline."""
+        caller still sending would get a reset, often before it reads its reply; kept
+        open, a caller dripping the rest holds it for ever. So: the reply is followed
+        by a FIN, what still comes is discarded, and the connection is closed when the
+        caller closes its side or, at the latest, after the head deadline."""
         if self._linger_timer is not None:
             return
         self._disarm_head_timer()
