@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
-
+from gateway.http_io import CLIENT_GONE, header, read_body, send_error
 from reach_core import requestid
 from reach_core.errors import ReachError
 
@@ -37,31 +36,17 @@ def bounded_bodies(app, *, max_bytes: int, timeout_s: float):
         if (declared is None and not chunked) or declared == 0:
             await app(scope, receive, send)  # nothing to read
             return
-        if declared is not None and declared > max_bytes:
-            await _refuse(scope, send, ReachError(
-                "payload_too_large", f"Request body exceeds {max_bytes} bytes."))
-            return
-        chunks, size = [], 0
+        # The gateway's reader: the same limits, messages and disconnect handling.
         try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return
-                    body = message.get("body", b"")
-                    size += len(body)
-                    if size > max_bytes:
-                        await _refuse(scope, send, ReachError(
-                            "payload_too_large", f"Request body exceeds {max_bytes} bytes."))
-                        return
-                    chunks.append(body)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            await _refuse(scope, send, ReachError(
-                "request_timeout", f"The request body did not arrive within {timeout_s:g} s."))
+            body = await read_body(scope, receive, max_bytes, timeout_s)
+        except ReachError as error:
+            await send_error(send, error,
+                             requestid.accept_or_new(header(scope, b"x-request-id")))
             return
-        body = b"".join(chunks)
+        except asyncio.CancelledError:
+            if scope.get(CLIENT_GONE):
+                return  # the caller went away mid-body: nobody to answer
+            raise
         if chunked:
             headers = [(k, v) for k, v in scope.get("headers", [])
                        if k.lower() not in (b"transfer-encoding", b"content-length")]
@@ -92,14 +77,3 @@ def _framing(scope) -> tuple[int | None, bool]:
         elif key == b"transfer-encoding" and b"chunked" in value.lower():
             chunked = True
     return declared, chunked
-
-
-async def _refuse(scope, send, error: ReachError) -> None:
-    request_id = requestid.accept_or_new(next(
-        (v.decode("latin-1") for k, v in scope.get("headers", [])
-         if k.lower() == b"x-request-id"), None))
-    body = orjson.dumps(error.body(request_id))
-    await send({"type": "http.response.start", "status": error.kind.status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode())]})
-    await send({"type": "http.response.body", "body": body})

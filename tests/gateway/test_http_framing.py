@@ -373,3 +373,21 @@ def test_the_head_clock_runs_from_a_requests_first_byte_even_a_crlf(gateway):
             sock.sendall(rest)
         replies = read_all(sock)
     assert statuses(replies) == [b"408"], replies[:300]
+
+
+def test_a_control_plane_caller_gone_mid_body_ends_its_request_quietly(gateway, tmp_path):
+    """The API's body reader is the gateway's: a caller that leaves while sending ends
+    its request without an answer or an error in the log, and the API serves on."""
+    with connect(gateway) as sock:
+        sock.sendall(b"POST /api/v1/agents/register HTTP/1.1\r\nHost: gw\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"na")
+    host = gateway.base.removeprefix("http://").encode()
+    with connect(gateway) as sock:
+        sock.sendall(b"POST /api/v1/agents/register HTTP/1.1\r\nHost: " + host + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 2\r\n"
+                     b"Connection: close\r\n\r\n{}")
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:300]
+    log = (tmp_path / "gw.log").read_text()
+    assert "Exception in ASGI application" not in log, log[-2000:]
+    assert "Traceback" not in log, log[-2000:]
