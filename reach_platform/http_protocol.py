@@ -177,13 +177,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle.more_body:
             # The newest request will never be whole: it is not run. If it is the one
             # being served, nothing is owed; else replies to whole requests before it are.
-            waiting = next((entry for entry in self.pipeline if entry[0] is cycle), None)
-            if waiting is None:
+            if not self._unqueue(cycle):
                 return None
-            self.pipeline.remove(waiting)
             self._last_reply = b""  # the close, after the replies owed
             return True
         cycle.keep_alive = False
+        return True
+
+    def _unqueue(self, cycle) -> bool:
+        """Take a request still waiting its turn out of the queue (it will not run);
+        False if it is not waiting (it is the one being served)."""
+        waiting = next((entry for entry in self.pipeline if entry[0] is cycle), None)
+        if waiting is None:
+            return False
+        self.pipeline.remove(waiting)
         return True
 
     def on_response_complete(self) -> None:
@@ -246,10 +253,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_head_timer()
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            waiting = next((entry for entry in self.pipeline if entry[0] is cycle), None)
-            if not cycle.more_body or waiting is not None:
-                if cycle.more_body:
-                    self.pipeline.remove(waiting)
+            if not cycle.more_body or self._unqueue(cycle):
                 self._last_reply = reply
                 return
             # Its own body broke while it was being served: the refusal is its answer.
