@@ -167,7 +167,8 @@ class GatewayApp:
         self.breakers = breakers
         self.router = router
         self.caller = Caller(config=config, breakers=breakers, feedback=router.feedback,
-                             credentials=Credentials(config.credential_keys), tunnels=tunnels)
+                             credentials=Credentials(config.credential_keys,
+                                                     config.credential_env), tunnels=tunnels)
         self.pipeline = Pipeline(config=config, router=router, caller=self.caller,
                                  governor=governor, usage=usage,
                                  idempotency_store=idempotency or MemoryStore(),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from reach_core.endpoints import EndpointPolicy
+from reach_core.envrefs import DEFAULT_PATTERNS
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class GatewayConfig:
     policy: EndpointPolicy
     # Fernet keys for downstream credentials (the first encrypts, all decrypt).
     credential_keys: tuple[str, ...] = ()
+    # The environment variables credentials and tools may name (reach_core.envrefs).
+    credential_env: tuple[str, ...] = DEFAULT_PATTERNS
     max_body_bytes: int = 1024 * 1024
     # The whole request body must arrive within this, or 408 request_timeout: a sender
     # that stalls mid-body would otherwise hold a call slot for as long as it likes.

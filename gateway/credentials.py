@@ -14,15 +14,29 @@ from functools import lru_cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from reach_core.envrefs import DEFAULT_PATTERNS, refusal
 from reach_core.errors import ReachError
 from routing.table import RouteTable
 
 
 class Credentials:
-    def __init__(self, keys: tuple[str, ...]) -> None:
+    def __init__(self, keys: tuple[str, ...],
+                 env_patterns: tuple[str, ...] = DEFAULT_PATTERNS) -> None:
+        """``env_patterns``: the environment variables a credential may name
+        (``reach_core.envrefs``); checked here too, whatever the control plane let in."""
         self._fernet = MultiFernet([Fernet(k.encode()) for k in keys]) if keys else None
         self._secret = lru_cache(maxsize=4096)(self._decrypt)
         self._ssl = lru_cache(maxsize=256)(self._ssl_context)
+        self._env_refusal = lru_cache(maxsize=1024)(
+            lambda name: refusal(name, env_patterns))
+
+    def _lent(self, name: str) -> str:
+        """``name`` if a credential may read it from this gateway's environment."""
+        why = self._env_refusal(name)
+        if why is not None:
+            raise ReachError("service_unavailable", f"A downstream credential cannot be "
+                             f"used here: {why}")
+        return name
 
     def _decrypt(self, ciphertext: str) -> str:
         if self._fernet is None:
@@ -43,7 +57,8 @@ class Credentials:
         if key_env:
             value = os.environ.get(key_env, "")
             if not value:
-                raise ReachError("internal_error", "The agent's client key variable is unset.")
+                raise ReachError("service_unavailable", "The client key's environment "
+                                 "variable is not set in this gateway.")
             if not value.lstrip().startswith("-----BEGIN"):
                 key = value
             else:
@@ -58,12 +73,12 @@ class Credentials:
 
     def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
         """A client context for mTLS (cached): a credential's, or a tool's."""
-        return self._ssl(cert, key, key_env, ca_file)
+        return self._ssl(cert, key, key_env and self._lent(key_env), ca_file)
 
     def secret(self, entry) -> str | None:
         """The secret of a credential (or of a tool: the same two fields)."""
         if entry.value_env:
-            return os.environ.get(entry.value_env)
+            return os.environ.get(self._lent(entry.value_env))
         if entry.secret_ciphertext:
             return self._secret(entry.secret_ciphertext)
         return None
@@ -75,13 +90,15 @@ class Credentials:
         context = None
         for entry in table.credentials_for(tenant_pk, agent_pk):
             if entry.kind == "mtls":
-                context = self._ssl(entry.client_cert_path, entry.client_key_path,
-                                    entry.value_env, entry.ca_file)
+                context = self.client_ssl(entry.client_cert_path, entry.client_key_path,
+                                          entry.value_env, entry.ca_file)
                 continue
             value = self.secret(entry)
             if value is None:
-                raise ReachError("internal_error",
-                                   "A downstream credential is configured but has no value.")
+                # An operator's business (the variable is unset in this gateway), not a
+                # failure of the gateway's own: 503, and the caller is not to blame.
+                raise ReachError("service_unavailable", "A downstream credential of this "
+                                 "agent has no value in this gateway.")
             if entry.kind == "bearer":
                 headers["authorization"] = f"Bearer {value}"
             elif entry.kind == "header":

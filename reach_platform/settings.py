@@ -37,6 +37,9 @@ CREDENTIAL_KEYS = [
     ).split(",")
     if k.strip()
 ]
+# The gateway's environment variables a tenant's credential or tool may name in
+# value_env (glob patterns; reach_core.envrefs): the platform's own are never lent.
+CREDENTIAL_ENV = env.list("REACH_CREDENTIAL_ENV", default=["DOWNSTREAM_*"])
 
 ALLOWED_HOSTS = env.list("REACH_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("REACH_CSRF_TRUSTED_ORIGINS", default=[])

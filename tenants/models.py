@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from reach_core import envrefs
 from reach_platform.scoping import TenantScopedQuerySet
 from tenants.choices import ApiKeyScope, CredentialKind, MembershipRole
 
@@ -241,6 +242,10 @@ class Credential(models.Model):
             errors["client_cert_path"] = "mTLS needs a certificate and a key (file or value_env)."
         if self.value_env and not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", self.value_env):
             errors["value_env"] = "Must be an environment variable name (A-Z, 0-9, _)."
+        elif self.value_env:
+            why = envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
+            if why:
+                errors["value_env"] = why
         if errors:
             raise ValidationError(errors)
 

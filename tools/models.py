@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from reach_core import envrefs
 from reach_core.schemas import schema_problems
 from reach_platform.scoping import TenantScopedQuerySet
 from tenants.choices import CredentialKind
@@ -107,6 +109,9 @@ class Tool(models.Model):
             problems["auth_field_name"] = f"is needed for {self.auth_kind} authentication"
         if self.auth_kind == "mtls" and not self.client_cert_path:
             problems["client_cert_path"] = "is needed for mTLS"
+        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
+        if why:
+            problems["value_env"] = why
         if problems:
             raise ValidationError(problems)
 

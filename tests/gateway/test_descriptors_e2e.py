@@ -26,7 +26,8 @@ def test_field_report_descriptors_round_trip_and_their_inputs_are_enforced(gatew
     entry = (f"agents:\n  - name: cloud-chat-sales\n    endpoint: {echo}/v1\n"
              "    protocol: openai-compatible\n    capabilities: [chat, tool-calling]\n"
              "    internal_only: true\n"
-             "    auth: {type: header, key: Authorization, value_env: CLOUD_SALES_TOKEN}\n"
+             "    auth: {type: header, key: Authorization,\n"
+             "           value_env: DOWNSTREAM_CLOUD_SALES_TOKEN}\n"
              "    pool: {max_conns: 64, idle_timeout: 90s}\n"
              "    routing: {weight: 70, priority: 1}\n")
     summary = (EXAMPLES / "field-report.capability.yaml").read_text().replace(
@@ -44,7 +45,7 @@ def test_field_report_descriptors_round_trip_and_their_inputs_are_enforced(gatew
         "openai", True, 70, 1)
     assert (got["pool_max_connections"], got["pool_idle_seconds"]) == (64, 90)
     assert [(c["kind"], c["field_name"], c["value_env"]) for c in got["credentials"]] == [
-        ("header", "Authorization", "CLOUD_SALES_TOKEN")]
+        ("header", "Authorization", "DOWNSTREAM_CLOUD_SALES_TOKEN")]
     assert got["descriptor"]["protocol"] == "openai-compatible"
 
     wait_for_table([gateway.base], current_version())

@@ -46,10 +46,11 @@ def test_stored_credential_round_trips_and_the_row_holds_no_plaintext(world):
 def test_value_env_credentials_store_the_variable_name_not_a_secret(world):
     # The gateway reads the variable when a call uses the credential.
     cred = factories.credential(
-        tenant=world.tenant_a, agent=world.agent_a, secret=None, value_env="ALPHA_TRANSLATOR_TOKEN"
+        tenant=world.tenant_a, agent=world.agent_a, secret=None,
+        value_env="DOWNSTREAM_ALPHA_TRANSLATOR_TOKEN"
     )
     cred.refresh_from_db()
-    assert (cred.value_env, cred.secret_ciphertext) == ("ALPHA_TRANSLATOR_TOKEN", None)
+    assert (cred.value_env, cred.secret_ciphertext) == ("DOWNSTREAM_ALPHA_TRANSLATOR_TOKEN", None)
 
 
 @pytest.mark.django_db
@@ -88,3 +89,54 @@ def test_header_credentials_cannot_target_gateway_owned_headers(world):
     assert response.status_code == 400
     assert "field_name" in response.json()["error"]["details"]
     assert not Credential.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["REACH_CREDENTIAL_KEYS", "REACH_SECRET_KEY", "DATABASE_URL",
+                                  "REDIS_URL", "HOME", "AWS_SECRET_ACCESS_KEY"])
+def test_a_credential_may_name_only_the_variables_lent_to_tenants(world, name):
+    """value_env reads the gateway's environment, where the platform's own secrets are:
+    only names under REACH_CREDENTIAL_ENV (default DOWNSTREAM_*) are accepted."""
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    refused = client.post("/api/v1/credentials/", {
+        "agent": world.agent_a.pk, "kind": "header", "field_name": "X-Leak",
+        "value_env": name}, format="json")
+    assert refused.status_code == 400, refused.content
+    assert "value_env" in refused.json()["error"]["details"]
+    accepted = client.post("/api/v1/credentials/", {
+        "agent": world.agent_a.pk, "kind": "header", "field_name": "X-Lent",
+        "value_env": "DOWNSTREAM_ALPHA_TOKEN"}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    with override_settings(CREDENTIAL_ENV=["TEAM_*", "*"]):
+        # An operator's "*" still lends none of the platform's own settings.
+        again = client.post("/api/v1/credentials/", {
+            "agent": world.agent_a.pk, "kind": "header", "field_name": "X-Leak",
+            "value_env": name}, format="json")
+        assert (again.status_code == 201) == (name in ("HOME", "AWS_SECRET_ACCESS_KEY"))
+
+
+@pytest.mark.django_db
+def test_a_credential_without_a_value_is_refused_when_created(world):
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    response = client.post("/api/v1/credentials/", {
+        "agent": world.agent_a.pk, "kind": "header", "field_name": "X-K"}, format="json")
+    assert response.status_code == 400, response.content
+    assert "secret" in response.json()["error"]["details"]
+    assert not Credential.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_tool_may_name_only_the_variables_lent_to_tenants(world):
+    from tools.models import Tool
+
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    tool = {"description": "d", "url_template": "http://127.0.0.1:9/x",
+            "auth_kind": "header", "auth_field_name": "X-Key"}
+    refused = client.post("/api/v1/tools/", {**tool, "name": "leaky",
+                                             "value_env": "REACH_SECRET_KEY"}, format="json")
+    assert refused.status_code == 400, refused.content
+    assert "value_env" in refused.json()["error"]["details"]
+    accepted = client.post("/api/v1/tools/", {**tool, "name": "lent",
+                                              "value_env": "DOWNSTREAM_TOOL_KEY"}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    assert list(Tool.objects.values_list("name", flat=True)) == ["lent"]

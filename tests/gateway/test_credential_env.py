@@ -1,0 +1,46 @@
+"""A credential's ``value_env`` reads only the variables the operator lends to tenants
+(``REACH_CREDENTIAL_ENV``), never the platform's own: else a tenant could have the
+gateway send ``REACH_CREDENTIAL_KEYS`` or ``DATABASE_URL`` to the tenant's own agent."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.waiting import wait_for
+
+LENT = "lent-token-5b1f"
+
+
+def _invoke(gateway):
+    with gateway.client() as client:
+        return client.post("/v1/invoke", json={"capability": "echo.all", "input": {"x": 1}})
+
+
+@pytest.mark.gateway_env(DOWNSTREAM_E2E_TOKEN=LENT)
+def test_a_credential_reads_a_lent_variable_and_never_the_platforms_own(gateway):
+    from registry.models import Agent
+    from tenants.models import Credential
+
+    agent = Agent.objects.get(name="scripted")
+    row = Credential.objects.create(tenant=gateway.tenant, agent=agent, kind="header",
+                                    field_name="X-Lent", value_env="DOWNSTREAM_E2E_TOKEN")
+
+    def lent_header():
+        response = _invoke(gateway)
+        headers = {k.lower(): v for k, v in response.json()["output"]["headers"].items()}
+        return headers.get("x-lent")
+
+    assert wait_for(lent_header, timeout=15) == LENT
+
+    # A row that names the platform's secret (saved past the API's check, as by an
+    # older version): the gateway refuses to read it, and the agent is not called.
+    row.value_env = "REACH_SECRET_KEY"
+    row.save()
+    wait_for(lambda: _invoke(gateway).status_code != 200, timeout=15)
+    calls_before = len(gateway.seen())
+    response = _invoke(gateway)
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["code"] == "service_unavailable"
+    assert "platform's own settings" in error["message"]
+    assert len(gateway.seen()) == calls_before  # refused before the agent was asked
