@@ -101,6 +101,18 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
         exc = PayloadTooLarge()
     elif isinstance(exc, ReachError):
         exc = ReachAPIException(exc)
+    elif isinstance(exc, db_utils.DataError):
+        # A value PostgreSQL cannot hold or compare (a NUL in a path, a number out of
+        # range): the request's fault. Nothing of the value is echoed.
+        exc = ReachAPIException(ReachError(
+            "invalid_input", "A value in this request cannot be stored or looked up (a NUL "
+            "character, or a number out of range)."))
+    elif isinstance(exc, db_utils.IntegrityError):
+        # Two requests (or one request and an existing object) claiming the same unique
+        # slot: what a serializer's own check cannot see, decided by the database.
+        exc = ReachAPIException(ReachError(
+            "conflict", "This conflicts with an existing object: a field or combination "
+            "that must be unique is taken."))
     response = drf_default_handler(exc, context)
     if response is None:
         return None

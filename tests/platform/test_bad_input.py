@@ -122,3 +122,26 @@ def test_a_lone_surrogate_in_a_key_or_deep_yaml_is_a_400_not_a_500(world):
                        content_type="application/yaml")
     assert deep.status_code == 400, deep.content
     assert deep.json()["error"]["code"] == "invalid_input"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/v1/tenants/%00/", "/api/v1/usage/events/%00/",
+                                  "/api/v1/tools/%00/", "/api/v1/namespaces/%00/",
+                                  "/api/v1/agents/%00/"])
+def test_a_nul_in_a_path_is_a_4xx_not_a_500(alpha, path):
+    """PostgreSQL cannot compare text holding a NUL (DataError): that is the request's
+    fault, answered in the one error shape."""
+    response = alpha.get(path)
+    assert response.status_code in (400, 404), response.content
+    assert response.json()["error"]["code"] in ("invalid_input", "not_found")
+
+
+@pytest.mark.django_db
+def test_a_second_grant_for_the_same_slot_is_a_conflict_not_a_500(alpha, world):
+    """An empty capability is stored as none: the same grant asked again, spelt null,
+    meets the database's unique constraint (the serializer's own check misses it)."""
+    grant = {"tenant": world.tenant_b.slug, "agent": world.agent_a.pk, "capability": ""}
+    first = alpha.post("/api/v1/grants/", grant, format="json")
+    assert first.status_code == 201, first.content
+    again = alpha.post("/api/v1/grants/", {**grant, "capability": None}, format="json")
+    assert_error(again, 409, "conflict")
