@@ -25,8 +25,12 @@ def header(scope, name: bytes) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
-# Set in a request's scope when its caller disconnected while sending the body.
+# Set in a request's scope when its caller disconnected while sending the body, or
+# before its reply began.
 CLIENT_GONE = "reach.client_gone"
+# A call's task, put in its scope by the pipeline: the server protocol cancels it when
+# the caller's connection ends before the reply begins (reach_platform.http_protocol).
+CANCEL_ON_GONE = "reach.cancel_on_gone"
 
 
 async def read_body(scope, receive, limit: int, timeout_s: float) -> bytes:

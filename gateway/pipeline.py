@@ -43,6 +43,8 @@ from gateway.calls import CallContext, Caller, Upstream, to_agent_names
 from gateway.config import GatewayConfig
 from gateway.governance import Governor
 from gateway.http_io import (
+    CANCEL_ON_GONE,
+    CLIENT_GONE,
     dumps_reply,
     header,
     read_body,
@@ -195,9 +197,27 @@ class Pipeline:
             ctx.intent = call.route.intent is not None and call.route.capability is None
             candidate, payload = self._route(request.table, call, ctx)
             if call.asynchronous is not None:
+                if ctx.idempotency_key is not None:
+                    return await self._submit_idempotently(request, call, ctx, candidate)
                 return await self._submit(request, call, ctx, candidate)
             await self._admit(request.table, call, ctx, candidate, payload)
-            metering.outcome = await self._serve(request, call, ctx, candidate, payload)
+            if ctx.idempotency_key is not None:
+                metering.outcome = await self._serve(request, call, ctx, candidate, payload)
+                return metering.outcome
+            # While the agent works, a caller gone before its reply began cancels the call
+            # (the server protocol does): the agent's work stops, metered
+            # client_cancelled. Not past here: metering and settling always finish. A
+            # keyed call runs on, its result stored for the retry sure to come.
+            request.scope[CANCEL_ON_GONE] = asyncio.current_task()
+            try:
+                metering.outcome = await self._serve(request, call, ctx, candidate, payload)
+            except asyncio.CancelledError:
+                if request.scope.get(CLIENT_GONE):
+                    # Taken: the metering's own time-outs (Redis) must work as usual.
+                    asyncio.current_task().uncancel()
+                raise
+            finally:
+                del request.scope[CANCEL_ON_GONE]
             return metering.outcome
 
     async def perform(self, table: RouteTable, call: Call, ctx: CallContext) -> Result:
@@ -465,6 +485,42 @@ class Pipeline:
         await self._store_quietly(record, owner, body_hash, idempotency.Stored(200, payload))
         await send_bytes(request.send, 200, payload, request.request_id)
         return Outcome.SUCCESS
+
+    async def _submit_idempotently(self, request: Request, call: Call, ctx: CallContext,
+                                   candidate: Candidate) -> str:
+        """An asynchronous submission with an Idempotency-Key claims the key where calls
+        do: one key, one request body, whichever way it is sent. (The task store alone
+        would let the same key run once as a task and again as a call.) Duplicates of
+        the submission are answered by the task store with the task it holds."""
+        owner = idempotency.new_owner()
+        record = idempotency.record_key(request.key.tenant_pk, ctx.idempotency_key)
+        body_hash = idempotency.fingerprint(request.raw)
+        lease_s = self.config.lease_margin_s + 10.0  # storing a task, not running it
+        try:
+            outcome, _ = await idempotency.claim_or_wait(store=self.idempotency, key=record,
+                                                         body_hash=body_hash, owner=owner,
+                                                         lease_s=lease_s, wait_s=lease_s)
+        except Exception:
+            # Redis away: the task store still holds the key against other submissions;
+            # only the check against calls is lost meanwhile (counted).
+            IDEMPOTENCY_DEGRADED.inc()
+            return await self._submit(request, call, ctx, candidate)
+        if outcome == idempotency.Outcome.MISMATCH:
+            raise ReachError("idempotency_key_reused",
+                             "This Idempotency-Key was used with a different request body.")
+        if outcome == idempotency.Outcome.BUSY:
+            raise ReachError("idempotency_in_progress", "A request with this "
+                             "Idempotency-Key is still being handled.",
+                             retry_after=max(1, round(lease_s)))
+        if outcome == idempotency.Outcome.REPLAY:
+            return await self._submit(request, call, ctx, candidate)
+        try:
+            answer = await self._submit(request, call, ctx, candidate)
+        except BaseException:
+            await self._forget_quietly(record, owner)
+            raise
+        await self._store_quietly(record, owner, body_hash, idempotency.Stored(202, b"{}"))
+        return answer
 
     async def _keep_claim(self, record: str, owner: str, lease_s: float) -> None:
         while True:

@@ -22,8 +22,14 @@ Replies keep request order: a refusal of a pipelined request (400, 408, 431) wai
 the replies to the requests before it. A head still arriving is cut at
 ``MAX_HEAD_BYTES`` (431). ``Upgrade`` to anything but WebSocket is refused (400): the
 parser would hand the body to the other protocol, lost or read as a smuggled request.
-Bytes between requests (a lone CRLF) start the head deadline; a caller that half-closes
-after its request still gets the reply.
+Bytes between requests (a lone CRLF) start the head deadline.
+
+A caller that closes its connection (a FIN, or a reset) before its reply has begun is
+gone: a call in progress that asked to be told (``CANCEL_ON_GONE`` in its scope: a
+gateway call without an Idempotency-Key) is cancelled, so the agent's work stops and the
+call is metered ``client_cancelled``, as nginx (499) and Go's server do. A FIN is taken
+as the caller gone, not as a half-close awaiting its reply: the two cannot be told apart,
+and a client that gave up (its time-out) is by far the more common.
 
 A sized reply's head and body leave in one write (``_OneWriteReplies``).
 
@@ -38,6 +44,7 @@ import asyncio
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.http_io import CANCEL_ON_GONE, CLIENT_GONE
 from reach_core.errors import error_body
 from reach_core.requestid import new_request_id
 
@@ -85,6 +92,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # 431): it follows their replies (replies keep request order), then the close.
         self._last_reply: bytes | None = None
         self._why: str | None = None  # why a head was refused (the parser says less)
+        # The request being served (uvicorn's ``cycle`` is the newest parsed, which may
+        # be one still waiting its turn behind it).
+        self._serving = None
 
     def _arm_head_timer(self, since: float) -> None:
         """The timer is lazy: armed when a head begins and none is armed, left running
@@ -168,22 +178,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                     b"431 Request Header Fields Too Large", "headers_too_large",
                     f"The request head exceeds {MAX_HEAD_BYTES} bytes."))
 
-    def eof_received(self) -> bool | None:
-        # A caller may half-close once its request is sent: its reply still goes out
-        # (then the connection closes). Any other end of input ends the connection.
-        cycle = self.cycle
-        if self._linger_timer is not None or cycle is None or cycle.response_complete:
-            return None
-        if cycle.more_body:
-            # The newest request will never be whole: it is not run. If it is the one
-            # being served, nothing is owed; else replies to whole requests before it are.
-            if not self._unqueue(cycle):
-                return None
-            self._last_reply = b""  # the close, after the replies owed
-            return True
-        cycle.keep_alive = False
-        return True
-
     def _unqueue(self, cycle) -> bool:
         """Take a request still waiting its turn out of the queue (it will not run);
         False if it is not waiting (it is the one being served)."""
@@ -216,10 +210,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._linger_timer = self.loop.call_later(
             type(self).head_timeout_s or DEFAULT_HEADER_TIMEOUT_S, self.transport.close)
 
+    def _start_asgi_task(self, cycle, app) -> None:
+        self._serving = cycle
+        super()._start_asgi_task(cycle, app)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
+        cycle = self._serving
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # (uvicorn marks only the newest request)
+            cycle.message_event.set()
+            call = cycle.scope.get(CANCEL_ON_GONE)
+            if call is not None and not cycle.response_started and not call.done():
+                cycle.scope[CLIENT_GONE] = True  # its handler ends quietly, metered
+                call.cancel()
         super().connection_lost(exc)
 
     def _head_timer_fired(self) -> None:

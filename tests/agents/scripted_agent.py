@@ -3,7 +3,8 @@
     python -m tests.agents.scripted_agent PORT
 
 - ``POST /echo``: replies ``{"echo": <body>, "headers": {<request headers>}}``;
-- ``POST /slow``: answers after 2 s (reporting the ``X-Reach-Deadline-Ms`` it saw);
+- ``POST /slow``: answers after 2 s (reporting the ``X-Reach-Deadline-Ms`` it saw,
+  and recording ``caller_gone`` when the gateway dropped the call meanwhile);
 - ``POST /bad``: a reply that breaks the declared output schema;
 - ``POST /fail``: HTTP 500; ``POST /refuse``: HTTP 422;
 - ``POST /redirect``: a 302 the gateway must not follow;
@@ -46,6 +47,9 @@ async def echo(request: web.Request) -> web.Response:
 async def slow(request: web.Request) -> web.Response:
     _seen(request, await request.json())
     await asyncio.sleep(2)
+    if request.transport is None or request.transport.is_closing():
+        # The gateway dropped the call (its caller left): say so, for the tests.
+        SEEN.append({"path": request.path, "caller_gone": True})
     return web.json_response({"ok": True})
 
 

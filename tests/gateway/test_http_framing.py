@@ -15,6 +15,9 @@ import time
 
 import pytest
 
+from tests.support.metrics import scrape
+from tests.support.waiting import wait_for
+
 HEAD = "POST /v1/invoke HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
 
 
@@ -322,12 +325,60 @@ def test_an_early_reply_pipelined_behind_a_call_is_sent(gateway):
     assert statuses(replies) == [b"200", b"401"], replies[:600]
 
 
-def test_a_caller_that_half_closes_after_its_request_gets_its_reply(gateway):
+def _calls_to(gateway, path: str) -> int:
+    return len([s for s in gateway.seen() if s["path"] == path and "body" in s])
+
+
+def _gone(gateway) -> int:
+    return len([s for s in gateway.seen() if s.get("caller_gone")])
+
+
+def _cancelled(gateway) -> float:
+    return scrape(gateway.base, "reach_calls_total",
+                  {"endpoint": "invoke", "outcome": "client_cancelled"}) or 0
+
+
+def test_a_caller_gone_before_its_reply_cancels_the_call(gateway):
+    """A caller that closes its connection (its own time-out, say) while the agent works
+    is gone: the call is cancelled (the agent's connection dropped, its work stopped) and
+    metered client_cancelled, not success (nginx answers 499 here, Go cancels)."""
+    before, calls, gone = _cancelled(gateway), _calls_to(gateway, "/slow"), _gone(gateway)
     with connect(gateway) as sock:
-        sock.sendall(call(gateway, "echo.all"))
+        sock.sendall(call(gateway, "slow.op"))
+        wait_for(lambda: _calls_to(gateway, "/slow") == calls + 1, timeout=10)
+    wait_for(lambda: _gone(gateway) == gone + 1, timeout=10,
+             message="the agent to find its caller gone")
+    assert wait_for(lambda: _cancelled(gateway) == before + 1, timeout=10)
+
+
+def test_a_half_close_is_the_caller_gone_too(gateway):
+    """A FIN after the request cannot be told from a caller that closed and left: the call
+    is cancelled, and nothing pipelined after it is run."""
+    calls, gone, echoes = _calls_to(gateway, "/slow"), _gone(gateway), _calls_to(gateway, "/echo")
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "slow.op") + call(gateway, "echo.all"))
+        wait_for(lambda: _calls_to(gateway, "/slow") == calls + 1, timeout=10)
         sock.shutdown(socket.SHUT_WR)
         replies = read_all(sock)
-    assert statuses(replies) == [b"200"], replies[:300]
+    assert statuses(replies) == [], replies[:600]
+    wait_for(lambda: _gone(gateway) == gone + 1, timeout=10)
+    assert _calls_to(gateway, "/echo") == echoes
+
+
+def test_a_keyed_call_runs_on_when_its_caller_goes_and_its_retry_is_replayed(gateway):
+    """A call with an Idempotency-Key is not cancelled: its result is stored, and the
+    retry that follows a lost reply gets it without a second agent call."""
+    keyed = call(gateway, "slow.op").replace(
+        b"Authorization:", b"Idempotency-Key: gone-then-back-1\r\nAuthorization:", 1)
+    calls, gone = _calls_to(gateway, "/slow"), _gone(gateway)
+    with connect(gateway) as sock:
+        sock.sendall(keyed)
+        wait_for(lambda: _calls_to(gateway, "/slow") == calls + 1, timeout=10)
+    with connect(gateway) as sock:
+        sock.sendall(keyed)
+        reply = read_reply(sock)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+    assert (_calls_to(gateway, "/slow"), _gone(gateway)) == (calls + 1, gone)
 
 
 @pytest.mark.gateway_env(REACH_GATEWAY_BODY_TIMEOUT_S="0.5")
@@ -344,17 +395,6 @@ def test_a_call_whose_own_body_breaks_is_answered_once(gateway, tmp_path):
     assert statuses(reply + rest) == [b"400"], (reply + rest)[:600]
     log = (tmp_path / "gw.log").read_text()
     assert "Exception in ASGI application" not in log, log[-2000:]
-
-
-def test_a_half_close_after_a_whole_call_and_part_of_another_answers_the_whole_one(gateway):
-    """The second request will never be whole (the caller is done sending): it is not
-    run, and the first, which was, still gets its reply."""
-    with connect(gateway) as sock:
-        sock.sendall(call(gateway, "slow.op") + call(gateway, "echo.all")[:-5])
-        sock.shutdown(socket.SHUT_WR)
-        replies = read_all(sock)
-    assert statuses(replies) == [b"200"], replies[:600]
-    assert not [s for s in gateway.seen() if s["path"] == "/echo"]
 
 
 @pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="1")

@@ -428,3 +428,25 @@ def test_the_readmes_verification_example_verifies_a_real_delivery(platform):
     stale = {**delivery["headers"],
              "X-Reach-Timestamp": str(int(delivery["headers"]["X-Reach-Timestamp"]) - 3600)}
     assert verify(platform.secret, stale, body) is False
+
+
+def test_one_key_is_one_request_whether_sent_as_a_task_or_a_call(platform):
+    """An Idempotency-Key used for a submission may not run again as a call with another
+    body, nor the reverse: the agent would see two requests under one key."""
+    with platform.client() as client:
+        submitted = platform.submit(client, "work.do", {"x": 7},
+                                    headers={"Idempotency-Key": "both-ways-1"})
+        as_call = client.post("/v1/invoke", json={"capability": "work.do", "input": {"x": 8}},
+                              headers={"Idempotency-Key": "both-ways-1"})
+        called = client.post("/v1/invoke", json={"capability": "work.do", "input": {"x": 9}},
+                             headers={"Idempotency-Key": "both-ways-2"})
+        as_task = platform.submit(client, "work.do", {"x": 10},
+                                  headers={"Idempotency-Key": "both-ways-2"})
+        platform.wait_state(client, submitted.json()["task_id"], "completed")
+    assert (submitted.status_code, called.status_code) == (202, 200), called.text
+    for refused in (as_call, as_task):
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["code"] == "idempotency_key_reused"
+    bodies = [s["body"].get("x") for s in platform.seen(0) + platform.seen(1)
+              if s["path"] == "/work"]
+    assert sorted(bodies) == [7, 9]
