@@ -73,7 +73,13 @@ class Credentials:
 
     def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
         """A client context for mTLS (cached): a credential's, or a tool's."""
-        return self._ssl(cert, key, key_env and self._lent(key_env), ca_file)
+        try:
+            return self._ssl(cert, key, key_env and self._lent(key_env), ca_file)
+        except (ssl.SSLError, OSError, ValueError):
+            # Missing or non-PEM files, a key that does not fit: the operator's to fix.
+            # Which file, and why, stays out of the caller's answer (host paths).
+            raise ReachError("service_unavailable", "A client certificate for this call "
+                             "cannot be loaded in this gateway.") from None
 
     def secret(self, entry) -> str | None:
         """The secret of a credential (or of a tool: the same two fields)."""
@@ -94,7 +100,7 @@ class Credentials:
                                           entry.value_env, entry.ca_file)
                 continue
             value = self.secret(entry)
-            if value is None:
+            if not value:
                 # An operator's business (the variable is unset in this gateway), not a
                 # failure of the gateway's own: 503, and the caller is not to blame.
                 raise ReachError("service_unavailable", "A downstream credential of this "

@@ -46,6 +46,9 @@ def resolve_period(
     start = start or end.replace(day=1)
     if start > end:
         raise PeriodError("start", "Must be on or before end.")
+    if end >= dt.date.max:
+        # The period's upper bound is the day after ``end``: none after the last one.
+        raise PeriodError("end", f"Must be before {dt.date.max.isoformat()}.")
     if (end - start).days + 1 > MAX_PERIOD_DAYS:
         raise PeriodError("end", f"The period may span at most {MAX_PERIOD_DAYS} days.")
     return start, end

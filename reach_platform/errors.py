@@ -18,6 +18,7 @@ import sys
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.core.exceptions import ValidationError as ModelValidationError
 from django.db import utils as db_utils
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
@@ -101,6 +102,11 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
         exc = PayloadTooLarge()
     elif isinstance(exc, ReachError):
         exc = ReachAPIException(exc)
+    elif isinstance(exc, ModelValidationError):
+        # A model's own check run at save (``full_clean`` in a service) that the
+        # serializer could not see: a unique slot taken by a concurrent request.
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages})
     elif isinstance(exc, db_utils.DataError):
         # A value PostgreSQL cannot hold or compare (a NUL in a path, a number out of
         # range): the request's fault. Nothing of the value is echoed.

@@ -44,3 +44,38 @@ def test_a_credential_reads_a_lent_variable_and_never_the_platforms_own(gateway)
     assert error["code"] == "service_unavailable"
     assert "platform's own settings" in error["message"]
     assert len(gateway.seen()) == calls_before  # refused before the agent was asked
+
+
+def _table_with(entry):
+    from routing.table import RouteTable
+
+    return RouteTable(version=1, credentials={entry.pk: entry}).indexed()
+
+
+def test_an_empty_lent_variable_is_no_value(monkeypatch):
+    """Set but empty is unset: no bare ``Authorization: Bearer`` sent to the agent."""
+    from gateway.credentials import Credentials
+    from reach_core.errors import ReachError
+    from routing.table import CredentialEntry
+
+    monkeypatch.setenv("DOWNSTREAM_EMPTY", "")
+    entry = CredentialEntry(pk=1, tenant_pk=1, agent_pk=2, kind="bearer",
+                            value_env="DOWNSTREAM_EMPTY")
+    headers: dict[str, str] = {}
+    with pytest.raises(ReachError) as refused:
+        Credentials(()).apply(_table_with(entry), 1, 2, headers, {})
+    assert refused.value.code == "service_unavailable"
+    assert headers == {}
+
+
+def test_client_certificates_that_cannot_be_loaded_are_a_503_naming_no_path(tmp_path):
+    from gateway.credentials import Credentials
+    from reach_core.errors import ReachError
+
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate")
+    for cert, key in ((str(not_pem), str(not_pem)), (str(tmp_path / "missing.pem"), "")):
+        with pytest.raises(ReachError) as refused:
+            Credentials(()).client_ssl(cert, key, "", "")
+        assert refused.value.code == "service_unavailable"
+        assert str(tmp_path) not in refused.value.message

@@ -750,3 +750,13 @@ def test_the_readmes_report_request_works_on_any_day(world):
     assert (body["start"], body["end"]) == (today.replace(day=1).isoformat(),
                                             today.isoformat())
     assert body["totals"]["errors_by_reason"] == {"upstream_error": 1}
+
+
+def test_a_period_ending_on_the_last_representable_day_is_refused():
+    """The period's bound is the day after its end: there is none after 9999-12-31."""
+    from metering.reports import PeriodError, resolve_period
+
+    with pytest.raises(PeriodError) as refused:
+        resolve_period(None, dt.date.max)
+    assert refused.value.field == "end"
+    assert resolve_period(dt.date(9999, 12, 1), dt.date(9999, 12, 30))[1] == dt.date(9999, 12, 30)

@@ -140,3 +140,30 @@ def test_a_tool_may_name_only_the_variables_lent_to_tenants(world):
                                               "value_env": "DOWNSTREAM_TOOL_KEY"}, format="json")
     assert accepted.status_code == 201, accepted.content
     assert list(Tool.objects.values_list("name", flat=True)) == ["lent"]
+
+
+@pytest.mark.django_db
+def test_a_tool_names_a_variable_not_a_pattern_and_has_a_secret(world):
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    tool = {"description": "d", "url_template": "http://127.0.0.1:9/x",
+            "auth_kind": "bearer"}
+    for name, extra in (("glob", {"value_env": "DOWNSTREAM_*"}), ("empty", {})):
+        refused = client.post("/api/v1/tools/", {**tool, "name": name, **extra},
+                              format="json")
+        assert refused.status_code == 400, refused.content
+        assert {"value_env", "secret"} & set(refused.json()["error"]["details"])
+
+
+def test_a_model_check_failing_at_save_is_a_structured_400():
+    """A unique slot taken by a concurrent request is seen only by the model's own check
+    in the service (the serializer's ran before the other insert): 400, never a 500."""
+    from django.core.exceptions import ValidationError
+
+    from reach_platform.errors import api_exception_handler
+
+    response = api_exception_handler(ValidationError(
+        {"field_name": ["Credential with this slot already exists."]}), {})
+    assert response.status_code == 400
+    assert response.data["error"]["code"] == "invalid_input"
+    assert response.data["error"]["details"] == {
+        "field_name": ["Credential with this slot already exists."]}
