@@ -116,3 +116,15 @@ def test_the_watched_file_is_applied_once_per_change(owner, tmp_path):
     assert refused.startswith("refused") and "agents[0]" in refused
     assert watched_file_apply(path=path, tenant_slug="ops", prune=False) is None  # once
     assert Agent.objects.get(name="cloud-chat-sales").weight == 45
+
+
+def test_a_dry_run_refuses_what_apply_would_and_changes_nothing(owner, tmp_path):
+    """A variable the platform does not lend is found by the models' own check: the dry
+    run makes it too (and still writes nothing)."""
+    path = tmp_path / "agents.yaml"
+    path.write_text(TWO_AGENTS.read_text().replace("DOWNSTREAM_CLOUD_SALES_TOKEN",
+                                                   "REACH_CREDENTIAL_KEYS"))
+    with pytest.raises(CommandError, match=r"agents\[0\]\.auth\.value_env"):
+        run(path, "--tenant", "ops", "--dry-run")
+    assert "2 to create" in run(TWO_AGENTS, "--tenant", "ops", "--dry-run")
+    assert not Agent.objects.exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from registry.agents_file import apply, parse_agents_file, plan
 from registry.spec import DescriptorError
@@ -35,8 +36,15 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from None
         try:
             specs = parse_agents_file(text, name=path.name)
-            result = plan(owner, specs, prune=prune) if dry_run else \
-                apply(owner, specs, prune=prune)
+            if dry_run:
+                result = plan(owner, specs, prune=prune)
+                # Every check a real apply makes (the models' own: names, lent
+                # variables, ...), then rolled back: a dry run refuses what apply would.
+                with transaction.atomic():
+                    apply(owner, specs, prune=prune)
+                    transaction.set_rollback(True)
+            else:
+                result = apply(owner, specs, prune=prune)
         except DescriptorError as exc:
             lines = [f"  {p}: {' '.join(m)}" for p, m in exc.problems.items()]
             raise CommandError(f"{path} was not applied ({len(lines)} problem"
