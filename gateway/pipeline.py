@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -197,20 +198,32 @@ class Pipeline:
             ctx.intent = call.route.intent is not None and call.route.capability is None
             candidate, payload = self._route(request.table, call, ctx)
             if call.asynchronous is not None:
-                if ctx.idempotency_key is not None:
-                    return await self._submit_idempotently(request, call, ctx, candidate)
-                return await self._submit(request, call, ctx, candidate)
+                if ctx.idempotency_key is None:
+                    return await self._submit(request, call, ctx, candidate)
+                # Storing a task, not running it: a short lease, and duplicates wait.
+                lease_s = self.config.lease_margin_s + 10.0
+                return await self._under_key(request, ctx, lease_s, lease_s, lambda: (
+                    self._submit(request, call, ctx, candidate)))
             await self._admit(request.table, call, ctx, candidate, payload)
-            if ctx.idempotency_key is not None:
-                metering.outcome = await self._serve(request, call, ctx, candidate, payload)
+            serve = functools.partial(self._serve, request, call, ctx, candidate, payload)
+            if ctx.idempotency_key is not None and not call.stream:
+                metering.outcome = await serve()  # stored and replayed (``_idempotently``)
                 return metering.outcome
+            if ctx.idempotency_key is not None:
+                # A stream runs again for a duplicate (nothing is stored to replay): a
+                # duplicate while it runs is refused at once rather than kept waiting.
+                # Its claim is a lease refreshed while it runs, as a call's: a gateway
+                # that dies mid-stream holds the key seconds, not a stream's longest.
+                serve = functools.partial(self._under_key, request, ctx,
+                                          ctx.budget_ms / 1000 + self.config.lease_margin_s,
+                                          0.0, serve, refresh=True)
             # While the agent works, a caller gone before its reply began cancels the call
             # (the server protocol does): the agent's work stops, metered
             # client_cancelled. Not past here: metering and settling always finish. A
             # keyed call runs on, its result stored for the retry sure to come.
             request.scope[CANCEL_ON_GONE] = asyncio.current_task()
             try:
-                metering.outcome = await self._serve(request, call, ctx, candidate, payload)
+                metering.outcome = await serve()
             except asyncio.CancelledError:
                 if request.scope.get(CLIENT_GONE):
                     # Taken: the metering's own time-outs (Redis) must work as usual.
@@ -486,39 +499,43 @@ class Pipeline:
         await send_bytes(request.send, 200, payload, request.request_id)
         return Outcome.SUCCESS
 
-    async def _submit_idempotently(self, request: Request, call: Call, ctx: CallContext,
-                                   candidate: Candidate) -> str:
-        """An asynchronous submission with an Idempotency-Key claims the key where calls
-        do: one key, one request body, whichever way it is sent. (The task store alone
-        would let the same key run once as a task and again as a call.) Duplicates of
-        the submission are answered by the task store with the task it holds."""
+    async def _under_key(self, request: Request, ctx: CallContext, lease_s: float,
+                         wait_s: float, run: Callable[[], Awaitable[str]], *,
+                         refresh: bool = False) -> str:
+        """A keyed request that is not replayed from a stored reply (an asynchronous
+        submission: the task store answers its duplicates; a stream: it runs again)
+        still claims its Idempotency-Key where calls do: one key, one request body,
+        whichever way it is sent (else the agent sees two bodies under one key). With
+        Redis away only that check is lost (counted): these run as before."""
         owner = idempotency.new_owner()
         record = idempotency.record_key(request.key.tenant_pk, ctx.idempotency_key)
         body_hash = idempotency.fingerprint(request.raw)
-        lease_s = self.config.lease_margin_s + 10.0  # storing a task, not running it
         try:
             outcome, _ = await idempotency.claim_or_wait(store=self.idempotency, key=record,
                                                          body_hash=body_hash, owner=owner,
-                                                         lease_s=lease_s, wait_s=lease_s)
+                                                         lease_s=lease_s, wait_s=wait_s)
         except Exception:
-            # Redis away: the task store still holds the key against other submissions;
-            # only the check against calls is lost meanwhile (counted).
             IDEMPOTENCY_DEGRADED.inc()
-            return await self._submit(request, call, ctx, candidate)
+            return await run()
         if outcome == idempotency.Outcome.MISMATCH:
             raise ReachError("idempotency_key_reused",
                              "This Idempotency-Key was used with a different request body.")
         if outcome == idempotency.Outcome.BUSY:
             raise ReachError("idempotency_in_progress", "A request with this "
                              "Idempotency-Key is still being handled.",
-                             retry_after=max(1, round(lease_s)))
+                             retry_after=max(1, min(60, round(lease_s))))
         if outcome == idempotency.Outcome.REPLAY:
-            return await self._submit(request, call, ctx, candidate)
+            return await run()
+        refreshing = asyncio.ensure_future(self._keep_claim(record, owner, lease_s)) \
+            if refresh else None
         try:
-            answer = await self._submit(request, call, ctx, candidate)
+            answer = await run()
         except BaseException:
             await self._forget_quietly(record, owner)
             raise
+        finally:
+            if refreshing is not None:
+                refreshing.cancel()
         await self._store_quietly(record, owner, body_hash, idempotency.Stored(202, b"{}"))
         return answer
 

@@ -442,9 +442,12 @@ def test_one_key_is_one_request_whether_sent_as_a_task_or_a_call(platform):
                              headers={"Idempotency-Key": "both-ways-2"})
         as_task = platform.submit(client, "work.do", {"x": 10},
                                   headers={"Idempotency-Key": "both-ways-2"})
+        as_stream = client.post("/v1/invoke", json={"capability": "work.do", "stream": True,
+                                                     "input": {"x": 11}},
+                                headers={"Idempotency-Key": "both-ways-1"})
         platform.wait_state(client, submitted.json()["task_id"], "completed")
     assert (submitted.status_code, called.status_code) == (202, 200), called.text
-    for refused in (as_call, as_task):
+    for refused in (as_call, as_task, as_stream):
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"]["code"] == "idempotency_key_reused"
     bodies = [s["body"].get("x") for s in platform.seen(0) + platform.seen(1)
