@@ -461,13 +461,7 @@ class Pipeline:
                                  "checked right now; retry shortly.", retry_after=1) from exc
             await self._answer(request, await forward())
             return Outcome.SUCCESS
-        if outcome == idempotency.Outcome.MISMATCH:
-            raise ReachError("idempotency_key_reused",
-                             "This Idempotency-Key was used with a different request body.")
-        if outcome == idempotency.Outcome.BUSY:
-            raise ReachError("idempotency_in_progress",
-                             "A call with this Idempotency-Key is still running.",
-                             retry_after=max(1, round(lease_s)))
+        _refuse_if_taken(outcome, lease_s)
         if outcome == idempotency.Outcome.REPLAY:
             IDEMPOTENT_REPLAYS.inc()
             await send_bytes(request.send, stored.status, stored.body, request.request_id,
@@ -517,13 +511,7 @@ class Pipeline:
         except Exception:
             IDEMPOTENCY_DEGRADED.inc()
             return await run()
-        if outcome == idempotency.Outcome.MISMATCH:
-            raise ReachError("idempotency_key_reused",
-                             "This Idempotency-Key was used with a different request body.")
-        if outcome == idempotency.Outcome.BUSY:
-            raise ReachError("idempotency_in_progress", "A request with this "
-                             "Idempotency-Key is still being handled.",
-                             retry_after=max(1, min(60, round(lease_s))))
+        _refuse_if_taken(outcome, lease_s)
         if outcome == idempotency.Outcome.REPLAY:
             return await run()
         refreshing = asyncio.ensure_future(self._keep_claim(record, owner, lease_s)) \
@@ -709,6 +697,17 @@ class Pipeline:
             "upstream_ms": _ms(ctx.sent, ctx.answered),
             "first_byte_ms": _ms(ctx.started, ctx.first_byte),
         })
+
+
+def _refuse_if_taken(outcome: idempotency.Outcome, lease_s: float) -> None:
+    """422 for a key claimed with another body; 409 while another request holds it."""
+    if outcome == idempotency.Outcome.MISMATCH:
+        raise ReachError("idempotency_key_reused",
+                         "This Idempotency-Key was used with a different request body.")
+    if outcome == idempotency.Outcome.BUSY:
+        raise ReachError("idempotency_in_progress",
+                         "A request with this Idempotency-Key is still running.",
+                         retry_after=max(1, round(lease_s)))
 
 
 def _ms(start: float | None, end: float | None) -> float | None:

@@ -11,15 +11,19 @@ are never lent, whatever the patterns say.
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatchcase
 
 DEFAULT_PATTERNS = ("DOWNSTREAM_*",)
 # The platform's own configuration: never a tenant's, even under a pattern like ``*``.
 NEVER = ("REACH_*", "DATABASE_URL", "REDIS_URL", "CELERY_*", "DJANGO_*", "PROMETHEUS_*")
+_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
 def refusal(name: str, patterns: tuple[str, ...] | list[str]) -> str | None:
     """Why ``name`` may not be used as a tenant's ``value_env``; None when it may."""
+    if not _NAME.fullmatch(name):
+        return "Must be an environment variable name (A-Z, 0-9, _)."
     if any(fnmatchcase(name, pattern) for pattern in NEVER):
         return f"{name} is one of the platform's own settings, never lent to a credential."
     if not any(fnmatchcase(name, pattern) for pattern in patterns):

@@ -158,3 +158,25 @@ class TenantDefault:
 
             return Tenant.objects.get(pk=next(iter(ids)))
         raise serializers.ValidationError("Name the tenant: you have access to several.")
+
+
+# --- downstream secrets (credentials and tools) ----------------------------------------------
+
+# Kinds that send a secret with every call (mTLS sends a certificate instead).
+_SENDS_SECRET = ("header", "query", "bearer")
+
+
+def check_secret(attrs: dict, instance, *, kind_field: str) -> None:
+    """A credential's or a tool's secret is given once: stored (``secret``) or named
+    (``value_env``), not both; and a kind that sends one on every call has one, or every
+    call would fail: refused here, where the mistake is made."""
+    if attrs.get("secret") and attrs.get("value_env"):
+        raise serializers.ValidationError(
+            {"secret": "Give either a secret or value_env, not both."})
+    kind = attrs.get(kind_field, getattr(instance, kind_field, None))
+    value_env = attrs.get("value_env", getattr(instance, "value_env", ""))
+    stored = bool(instance is not None and instance.secret_ciphertext)
+    if kind in _SENDS_SECRET and not (attrs.get("secret") or value_env or stored):
+        raise serializers.ValidationError(
+            {"secret": "Give the secret, or value_env naming the gateway's environment "
+             "variable that holds it."})

@@ -240,12 +240,9 @@ class Credential(models.Model):
             self.client_cert_path and (self.client_key_path or self.value_env)
         ):
             errors["client_cert_path"] = "mTLS needs a certificate and a key (file or value_env)."
-        if self.value_env and not re.match(r"^[A-Z_][A-Z0-9_]{0,127}$", self.value_env):
-            errors["value_env"] = "Must be an environment variable name (A-Z, 0-9, _)."
-        elif self.value_env:
-            why = envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
-            if why:
-                errors["value_env"] = why
+        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
+        if why:
+            errors["value_env"] = why
         if errors:
             raise ValidationError(errors)
 

@@ -22,7 +22,6 @@ from reach_platform.scoping import TenantScopedQuerySet
 from tenants.choices import CredentialKind
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
-_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}")
 METHODS = [(m, m) for m in ("GET", "POST", "PUT", "PATCH", "DELETE")]
 AUTH_KINDS = [("none", "None"), *CredentialKind.choices]
@@ -110,12 +109,9 @@ class Tool(models.Model):
             problems["auth_field_name"] = f"is needed for {self.auth_kind} authentication"
         if self.auth_kind == "mtls" and not self.client_cert_path:
             problems["client_cert_path"] = "is needed for mTLS"
-        if self.value_env and not _ENV_NAME.fullmatch(self.value_env):
-            problems["value_env"] = "must be an environment variable name (A-Z, 0-9, _)"
-        else:
-            why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
-            if why:
-                problems["value_env"] = why
+        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
+        if why:
+            problems["value_env"] = why
         if problems:
             raise ValidationError(problems)
 

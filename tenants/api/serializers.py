@@ -13,8 +13,9 @@ from reach_platform.serializers import (
     StrictModelSerializer,
     StrictSlugRelatedField,
     TenantDefault,
+    check_secret,
 )
-from tenants.choices import ApiKeyScope, CredentialKind
+from tenants.choices import ApiKeyScope
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
 
@@ -121,20 +122,7 @@ class CredentialSerializer(CleanModelSerializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        if attrs.get("secret") and attrs.get("value_env"):
-            raise serializers.ValidationError(
-                {"secret": "Give either a secret or value_env, not both."}
-            )
-        # A header, query or bearer credential with nothing to send would fail every
-        # call to its agent: refused here, where the mistake is made.
-        instance = self.instance
-        kind = attrs.get("kind", instance.kind if instance else None)
-        value_env = attrs.get("value_env", instance.value_env if instance else "")
-        stored = bool(instance and instance.secret_ciphertext)
-        if kind != CredentialKind.MTLS and not (attrs.get("secret") or value_env or stored):
-            raise serializers.ValidationError(
-                {"secret": "Give the secret, or value_env naming the gateway's environment "
-                 "variable that holds it."})
+        check_secret(attrs, self.instance, kind_field="kind")
         return attrs
 
     def create(self, validated_data):

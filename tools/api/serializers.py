@@ -13,6 +13,7 @@ from reach_platform.serializers import (
     StrictCharField,
     StrictSlugRelatedField,
     TenantDefault,
+    check_secret,
 )
 from tenants.models import Tenant
 from tools.models import Tool, ToolGrant
@@ -62,20 +63,7 @@ class ToolSerializer(CleanModelSerializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        if attrs.get("secret") and attrs.get("value_env"):
-            raise serializers.ValidationError(
-                {"secret": "Give either a secret or value_env, not both."})
-        # As for credentials: a header, query or bearer tool with nothing to send fails
-        # every call; refused where the mistake is made.
-        instance = self.instance
-        kind = attrs.get("auth_kind", instance.auth_kind if instance else "none")
-        value_env = attrs.get("value_env", instance.value_env if instance else "")
-        stored = bool(instance and instance.secret_ciphertext)
-        if kind in ("header", "query", "bearer") and not (
-                attrs.get("secret") or value_env or stored):
-            raise serializers.ValidationError(
-                {"secret": "Give the secret, or value_env naming the gateway's environment "
-                 "variable that holds it."})
+        check_secret(attrs, self.instance, kind_field="auth_kind")
         return attrs
 
     def create(self, validated_data):
