@@ -168,7 +168,9 @@ class GatewayApp:
         self.router = router
         self.caller = Caller(config=config, breakers=breakers, feedback=router.feedback,
                              credentials=Credentials(config.credential_keys,
-                                                     config.credential_env), tunnels=tunnels)
+                                                     config.credential_env,
+                                                     config.credential_files),
+                             tunnels=tunnels)
         self.pipeline = Pipeline(config=config, router=router, caller=self.caller,
                                  governor=governor, usage=usage,
                                  idempotency_store=idempotency or MemoryStore(),

@@ -10,6 +10,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from reach_core import filerefs
 from reach_core.endpoints import EndpointPolicy
 from reach_core.envrefs import DEFAULT_PATTERNS
 
@@ -21,6 +22,8 @@ class GatewayConfig:
     credential_keys: tuple[str, ...] = ()
     # The environment variables credentials and tools may name (reach_core.envrefs).
     credential_env: tuple[str, ...] = DEFAULT_PATTERNS
+    # The directory mTLS certificate and key files must lie in (reach_core.filerefs).
+    credential_files: str = filerefs.DEFAULT_DIRECTORY
     max_body_bytes: int = 1024 * 1024
     # The whole request body must arrive within this, or 408 request_timeout: a sender
     # that stalls mid-body would otherwise hold a call slot for as long as it likes.

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from reach_core import filerefs
 from reach_core.envrefs import DEFAULT_PATTERNS, refusal
 from reach_core.errors import ReachError
 from routing.table import RouteTable
@@ -21,9 +22,13 @@ from routing.table import RouteTable
 
 class Credentials:
     def __init__(self, keys: tuple[str, ...],
-                 env_patterns: tuple[str, ...] = DEFAULT_PATTERNS) -> None:
+                 env_patterns: tuple[str, ...] = DEFAULT_PATTERNS,
+                 files: str = filerefs.DEFAULT_DIRECTORY) -> None:
         """``env_patterns``: the environment variables a credential may name
-        (``reach_core.envrefs``); checked here too, whatever the control plane let in."""
+        (``reach_core.envrefs``); ``files``: the directory its certificate files must lie
+        in (``reach_core.filerefs``). Both checked here too, whatever the control plane
+        let in."""
+        self._files = files
         self._fernet = MultiFernet([Fernet(k.encode()) for k in keys]) if keys else None
         self._secret = lru_cache(maxsize=4096)(self._decrypt)
         self._ssl = lru_cache(maxsize=256)(self._ssl_context)
@@ -48,19 +53,28 @@ class Credentials:
                 "internal_error", "A downstream credential cannot be decrypted."
             ) from exc
 
-    @staticmethod
-    def _ssl_context(cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
+    def _file(self, path: str) -> str:
+        """``path`` resolved, if it lies in the operator's certificate directory."""
+        real = filerefs.resolved(path, self._files)
+        if real is None:
+            # Which path stays out of the answer: it is about this host.
+            raise ReachError("service_unavailable", "A client certificate file of this "
+                             "call is outside this gateway's certificate directory.")
+        return real
+
+    def _ssl_context(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
         """A client context for mTLS. The key is a file, or an environment variable that
         holds a path or the PEM text itself (written to a private temporary file only for
         as long as ``load_cert_chain`` reads it: ssl loads keys from files only)."""
-        context = ssl.create_default_context(cafile=ca_file or None)
+        cert = self._file(cert)
+        context = ssl.create_default_context(cafile=self._file(ca_file) if ca_file else None)
         if key_env:
             value = os.environ.get(key_env, "")
             if not value:
                 raise ReachError("service_unavailable", "The client key's environment "
                                  "variable is not set in this gateway.")
             if not value.lstrip().startswith("-----BEGIN"):
-                key = value
+                key = value  # a path: checked below as any other
             else:
                 with tempfile.NamedTemporaryFile("w", suffix=".pem") as handle:
                     os.fchmod(handle.fileno(), 0o600)
@@ -68,7 +82,7 @@ class Credentials:
                     handle.flush()
                     context.load_cert_chain(cert, handle.name)
                 return context
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(cert, self._file(key) if key else None)
         return context
 
     def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:

@@ -57,6 +57,7 @@ def gateway_config() -> GatewayConfig:
         policy=endpoint_policy(),
         credential_keys=tuple(settings.CREDENTIAL_KEYS),
         credential_env=tuple(settings.CREDENTIAL_ENV),
+        credential_files=settings.CREDENTIAL_FILES,
         max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
         body_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
         stream_idle_timeout_s=settings.GATEWAY_STREAM_IDLE_S,

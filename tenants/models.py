@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from reach_core import envrefs
+from reach_core import envrefs, filerefs
 from reach_platform.scoping import TenantScopedQuerySet
 from tenants.choices import ApiKeyScope, CredentialKind, MembershipRole
 
@@ -243,6 +243,7 @@ class Credential(models.Model):
         why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
         if why:
             errors["value_env"] = why
+        errors.update(filerefs.problems(self, settings.CREDENTIAL_FILES))
         if errors:
             raise ValidationError(errors)
 

@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
-from reach_core import envrefs
+from reach_core import envrefs, filerefs
 from reach_core.schemas import schema_problems
 from reach_platform.scoping import TenantScopedQuerySet
 from tenants.choices import CredentialKind
@@ -112,6 +112,7 @@ class Tool(models.Model):
         why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
         if why:
             problems["value_env"] = why
+        problems.update(filerefs.problems(self, settings.CREDENTIAL_FILES))
         if problems:
             raise ValidationError(problems)
 

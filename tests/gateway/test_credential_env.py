@@ -76,6 +76,57 @@ def test_client_certificates_that_cannot_be_loaded_are_a_503_naming_no_path(tmp_
     not_pem.write_text("not a certificate")
     for cert, key in ((str(not_pem), str(not_pem)), (str(tmp_path / "missing.pem"), "")):
         with pytest.raises(ReachError) as refused:
-            Credentials(()).client_ssl(cert, key, "", "")
+            Credentials((), files=str(tmp_path)).client_ssl(cert, key, "", "")
         assert refused.value.code == "service_unavailable"
         assert str(tmp_path) not in refused.value.message
+
+
+def _self_signed(directory):
+    """A certificate and its key, as PEM files in ``directory``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "team-a")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "client.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return str(directory / "client.crt"), str(directory / "client.key")
+
+
+def test_the_gateway_reads_certificate_files_only_inside_its_directory(tmp_path):
+    """Whatever the table holds (a row written past the API's check), the gateway loads
+    a tenant's mTLS files only from its certificate directory, links resolved: else a
+    tenant could have it present another service's certificate and key of this host."""
+    import ssl
+
+    from gateway.credentials import Credentials
+    from reach_core.errors import ReachError
+
+    certs = tmp_path / "certs"
+    cert, key = _self_signed(certs)
+    outside_cert, outside_key = _self_signed(tmp_path / "host-service")
+    (certs / "escape.key").symlink_to(outside_key)
+    credentials = Credentials((), files=str(certs))
+
+    assert isinstance(credentials.client_ssl(cert, key, "", cert), ssl.SSLContext)
+    for paths in ((outside_cert, outside_key, ""), (cert, str(certs / "escape.key"), ""),
+                  (cert, str(certs / ".." / "host-service" / "client.key"), ""),
+                  (cert, key, outside_cert)):
+        with pytest.raises(ReachError) as refused:
+            credentials.client_ssl(*paths[:2], "", paths[2])
+        assert refused.value.code == "service_unavailable"
+        assert str(tmp_path) not in refused.value.message
+    with pytest.raises(ReachError):  # an operator who lends no directory lends no file
+        Credentials((), files="").client_ssl(cert, key, "", "")

@@ -154,6 +154,42 @@ def test_a_tool_names_a_variable_not_a_pattern_and_has_a_secret(world):
         assert {"value_env", "secret"} & set(refused.json()["error"]["details"])
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/etc/ssl/private/ssl-cert-snakeoil.key",
+                                  "/etc/agent-reach/certs/../../shadow",
+                                  "/etc/agent-reach/certs//a.pem", "certs/client.pem",
+                                  "/etc/agent-reach/certsX/a.pem"])
+def test_certificate_files_are_named_only_inside_the_operators_directory(world, path):
+    """A tenant's mTLS files are the gateway host's files: only those under
+    REACH_CREDENTIAL_FILES (default /etc/agent-reach/certs) may be named, by a
+    credential or a tool, in every field."""
+    from tools.models import Tool
+
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    inside = "/etc/agent-reach/certs/team-a/client.pem"
+    for field in ("client_cert_path", "client_key_path", "ca_file"):
+        paths = {"client_cert_path": inside, "client_key_path": inside, field: path}
+        refused = client.post("/api/v1/credentials/", {
+            "agent": world.agent_a.pk, "kind": "mtls", **paths}, format="json")
+        assert refused.status_code == 400, refused.content
+        assert field in refused.json()["error"]["details"]
+        tool = client.post("/api/v1/tools/", {
+            "name": "mtls-tool", "description": "d", "url_template": "https://127.0.0.1:9/x",
+            "auth_kind": "mtls", **paths}, format="json")
+        assert tool.status_code == 400, tool.content
+        assert field in tool.json()["error"]["details"]
+    assert not Credential.objects.exists() and not Tool.objects.exists()
+    accepted = client.post("/api/v1/credentials/", {
+        "agent": world.agent_a.pk, "kind": "mtls", "client_cert_path": inside,
+        "client_key_path": inside, "ca_file": "/etc/agent-reach/certs/ca.pem"}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    with override_settings(CREDENTIAL_FILES="/srv/certs"):
+        moved = client.post("/api/v1/tools/", {
+            "name": "mtls-tool", "description": "d", "url_template": "https://127.0.0.1:9/x",
+            "auth_kind": "mtls", "client_cert_path": "/srv/certs/t.pem"}, format="json")
+        assert moved.status_code == 201, moved.content
+
+
 def test_a_model_check_failing_at_save_is_a_structured_400():
     """A unique slot taken by a concurrent request is seen only by the model's own check
     in the service (the serializer's ran before the other insert): 400, never a 500."""
