@@ -133,10 +133,18 @@ class ToolGrant(models.Model):
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
-        constraints = [models.CheckConstraint(
-            condition=models.Q(tenant__isnull=False, agent__isnull=True)
-            | models.Q(tenant__isnull=True, agent__isnull=False),
-            name="tool_grant_tenant_or_agent")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(tenant__isnull=False, agent__isnull=True)
+                | models.Q(tenant__isnull=True, agent__isnull=False),
+                name="tool_grant_tenant_or_agent"),
+            # One grant per grantee: a second would be revoked by nobody (deleting one
+            # would leave the access in place).
+            models.UniqueConstraint(fields=["tool", "tenant"], name="tool_grant_unique_tenant",
+                                    condition=models.Q(tenant__isnull=False)),
+            models.UniqueConstraint(fields=["tool", "agent"], name="tool_grant_unique_agent",
+                                    condition=models.Q(agent__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} → {self.tenant or self.agent}"

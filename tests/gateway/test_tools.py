@@ -528,3 +528,37 @@ def test_mcp_refuses_a_message_nested_past_the_limit_and_a_reply_it_cannot_write
     answered = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, headers=headers)
     assert answered.status_code == 200, answered.text
     assert answered.json()["error"]["code"] == -32603
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grantee_has_one_grant_per_tool_even_when_asked_at_once(world):
+    """Granting twice, in turn or at once, leaves one grant: else deleting "the" grant
+    would revoke nothing while its twin stays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from tests import factories
+    from tests.conftest import key_client
+
+    tool = stock_tool(world.tenant_a, "http://127.0.0.1:9")
+    other = world.tenant_b
+    key = factories.api_key(tenant=world.tenant_a).plaintext
+    grant = {"tool": tool.pk, "tenant": other.slug}
+
+    def ask(_):
+        try:
+            return key_client(key).post("/api/v1/tool-grants/", grant, format="json")
+        finally:
+            connection.close()  # each thread's own connection
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(16)))
+    codes = sorted(r.status_code for r in replies)
+    assert codes.count(201) == 1 and set(codes) <= {201, 400, 409}, codes
+    assert ToolGrant.objects.filter(tool=tool, tenant=other).count() == 1
+    again = key_client(key).post("/api/v1/tool-grants/", grant, format="json")
+    assert again.status_code == 400 and "tenant" in again.json()["error"]["details"]
+    agent = {"tool": tool.pk, "agent": world.agent_b.pk}
+    assert key_client(key).post("/api/v1/tool-grants/", agent, format="json").status_code == 201
+    assert key_client(key).post("/api/v1/tool-grants/", agent, format="json").status_code == 400

@@ -90,6 +90,9 @@ class ToolGrantSerializer(CleanModelSerializer):
         model = ToolGrant
         fields = ["id", "tool", "tenant", "agent", "created_at"]
         read_only_fields = ["id", "created_at"]
+        # The grant's unique constraints are checked in validate(): DRF's own validators
+        # for them would make both ``tenant`` and ``agent`` required.
+        validators: list = []
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -98,4 +101,10 @@ class ToolGrantSerializer(CleanModelSerializer):
         if (tenant is None) == (agent is None):
             raise serializers.ValidationError(
                 {"tenant": "Grant to a tenant or to an agent: exactly one of them."})
+        tool = attrs.get("tool", getattr(self.instance, "tool", None))
+        grantee = {"tenant": tenant} if tenant is not None else {"agent": agent}
+        if ToolGrant.objects.filter(tool=tool, **grantee).exclude(
+                pk=getattr(self.instance, "pk", None)).exists():
+            raise serializers.ValidationError(
+                {next(iter(grantee)): "This grantee already has a grant on this tool."})
         return attrs
