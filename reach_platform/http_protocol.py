@@ -19,8 +19,8 @@ closed when the caller closes or after the head deadline (see ``_linger``); so d
 refusals above.
 
 Replies keep request order: a refusal of a pipelined request (400, 408, 431) waits for
-the replies to the requests before it. A head still arriving is cut at
-``MAX_HEAD_BYTES`` (431). ``Upgrade`` to anything but WebSocket is refused (400): the
+the replies to the requests before it. A head is held to ``MAX_HEAD_BYTES`` (431),
+cut while still arriving, refused when it came whole in one read. ``Upgrade`` to anything but WebSocket is refused (400): the
 parser would hand the body to the other protocol, lost or read as a smuggled request.
 Bytes between requests (a lone CRLF) start the head deadline.
 
@@ -91,7 +91,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The reply to bytes that came after requests still being answered (400, 408,
         # 431): it follows their replies (replies keep request order), then the close.
         self._last_reply: bytes | None = None
-        self._why: str | None = None  # why a head was refused (the parser says less)
+        # A head refused after the parser took it: the reply (the parser says less).
+        self._refusal: bytes | None = None
         # The request being served (uvicorn's ``cycle`` is the newest parsed, which may
         # be one still waiting its turn behind it).
         self._serving = None
@@ -129,25 +130,30 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._heads += 1
         upgrades, connection = [], b""
+        size = len(self.url)
         for name, value in self.headers:
+            size += len(name) + len(value) + 4
             # Only chunked framing: a coding before it (gzip, chunked) would be ignored
             # by everything downstream, the body read as if it were plain. Raising here
             # ends the parse: the 400 below (send_400_response), the connection closed.
             if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
-                self._why = "Transfer-Encoding other than 'chunked' is not accepted."
-                raise ValueError(self._why)
+                raise self._refused("Transfer-Encoding other than 'chunked' is not accepted.")
             if name == b"upgrade":
                 upgrades.append(value.strip().lower())
             elif name == b"connection":
                 connection += b"," + value.lower()  # every Connection header counts
+        if size > MAX_HEAD_BYTES:
+            # A head that came whole in one read (up to 256 KiB) was never counted by
+            # data_received: the same bound, on what the parser handed over.
+            raise self._refused(f"The request head exceeds {MAX_HEAD_BYTES} bytes.",
+                                b"431 Request Header Fields Too Large", "headers_too_large")
         upgrade = next((u for u in upgrades if u != b"websocket"), None)
         if upgrade is not None and b"upgrade" in connection:
             # The parser hands whatever follows such a head to the new protocol: the
             # body would be lost, or, arriving later, parsed as a request of its own (a
             # smuggled call). Only WebSocket (the tunnel) is spoken here.
-            self._why = (f"Upgrade to {upgrade.decode('latin-1')[:40]!r} is not supported: "
-                         "send the request without it.")
-            raise ValueError(self._why)
+            raise self._refused(f"Upgrade to {upgrade.decode('latin-1')[:40]!r} is not "
+                                "supported: send the request without it.")
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
@@ -249,7 +255,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """Bytes that are no HTTP request (smuggling attempts, bad chunk sizes, control
         characters in headers): uvicorn's plain-text 400, in the one error shape."""
-        self._refuse(_closing_reply(b"400 Bad Request", "bad_request", self._why or msg))
+        self._refuse(self._refusal or _closing_reply(b"400 Bad Request", "bad_request", msg))
+
+    def _refused(self, message: str, status: bytes = b"400 Bad Request",
+                 code: str = "bad_request") -> ValueError:
+        """Refuse the head being parsed: raised from a parser callback, it ends the parse,
+        and uvicorn answers with ``send_400_response`` — this reply."""
+        self._refusal = _closing_reply(status, code, message)
+        return ValueError(message)
 
     def _refuse(self, reply: bytes) -> None:
         """Answer what cannot be served and close: at once, unless replies to requests

@@ -297,6 +297,18 @@ def test_a_head_that_never_ends_is_bounded_in_size(gateway, path):
     assert b'"headers_too_large"' in replies
 
 
+@pytest.mark.parametrize("path", ["/v1/invoke", "/api/v1/agents"])
+def test_a_whole_head_over_the_bound_is_refused_too(gateway, path):
+    """A head that arrives complete in one read (the parser takes up to 256 KiB at once)
+    is held to the same 64 KiB: 431, not served."""
+    pad = "".join(f"X-Pad-{i}: {'p' * 1000}\r\n" for i in range(100))
+    with connect(gateway) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gw\r\n{pad}\r\n".encode())
+        replies = read_all(sock)
+    assert statuses(replies) == [b"431"], replies[:300]
+    assert b'"headers_too_large"' in replies
+
+
 @pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="0.5")
 def test_a_lone_crlf_does_not_keep_a_kept_alive_connection_open(gateway):
     with connect(gateway) as sock:
