@@ -28,6 +28,7 @@ from agent_reach.client import AsyncReachClient, Deadline, ReachClient
 from agent_reach.control import ControlPlane, HeartbeatLoop, Registration
 from agent_reach.errors import (
     DeadlineExceeded,
+    GatewayUnreachable,
     NeedsConfirmation,
     NoCapability,
     NoHealthyInstance,
@@ -37,6 +38,7 @@ from agent_reach.errors import (
 
 __all__ = [
     "Agent", "Ask", "AsyncReachClient", "Context", "ControlPlane", "Deadline",
-    "DeadlineExceeded", "HeartbeatLoop", "NeedsConfirmation", "NoCapability",
+    "DeadlineExceeded", "GatewayUnreachable", "HeartbeatLoop", "NeedsConfirmation",
+    "NoCapability",
     "NoHealthyInstance", "RateLimited", "ReachClient", "ReachError", "Registration", "RunningAgent",
 ]

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from agent_reach.errors import ReachError, error_from
+from agent_reach.errors import GatewayUnreachable, ReachError, error_from
 
 FINAL = frozenset({"completed", "failed", "canceled", "rejected"})
 WAITING = frozenset({"input-required", "auth-required"})
@@ -148,6 +148,44 @@ def _decoded(name: str, data: bytes):
         return {"data": data.decode(errors="replace")}
 
 
+def _unreachable(exc: httpx.TransportError) -> GatewayUnreachable:
+    never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    return GatewayUnreachable(0, {
+        "code": "gateway_unreachable", "retryable": never_sent,
+        "message": f"the gateway could not be reached ({type(exc).__name__})"})
+
+
+class _Unreachable(httpx.BaseTransport):
+    """The transport's failures as the SDK's own error type (one ``except`` for every
+    way a call fails), the rest passed through."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self._inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return self._inner.handle_request(request)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _AsyncUnreachable(httpx.AsyncBaseTransport):
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._inner.handle_async_request(request)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class ReachClient(_Base):
     """A synchronous client of the gateway (``/v1/``). Thread-safe for concurrent calls."""
 
@@ -155,7 +193,8 @@ class ReachClient(_Base):
                  deadline: Deadline | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(base_url, api_key, timeout=timeout, deadline=deadline)
-        self._http = httpx.Client(base_url=self.base_url, trust_env=False, transport=transport,
+        self._http = httpx.Client(base_url=self.base_url, trust_env=False,
+                                  transport=_Unreachable(transport or httpx.HTTPTransport()),
                                   timeout=httpx.Timeout(timeout + TRANSPORT_SLACK_S,
                                                         connect=5.0))
 
@@ -279,7 +318,8 @@ class AsyncReachClient(_Base):
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(base_url, api_key, timeout=timeout, deadline=deadline)
         self._http = httpx.AsyncClient(base_url=self.base_url, trust_env=False,
-                                       transport=transport,
+                                       transport=_AsyncUnreachable(
+                                           transport or httpx.AsyncHTTPTransport()),
                                        timeout=httpx.Timeout(timeout + TRANSPORT_SLACK_S,
                                                              connect=5.0))
 

@@ -107,6 +107,12 @@ class Unavailable(ReachError):
     pass
 
 
+class GatewayUnreachable(Unavailable):
+    """No answer from the gateway at all (refused, not found, cut before its reply):
+    ``status`` 0, code ``gateway_unreachable``. ``retryable`` only when the call surely
+    never arrived (it could not connect); otherwise it may have run."""
+
+
 class NoHealthyInstance(Unavailable):
     pass
 

@@ -21,6 +21,7 @@ from gateway.credentials import Credentials
 from gateway.metrics import BAD_RESPONSES, UPSTREAM_LATENCY
 from gateway.protocols import PROTOCOLS, AgentResponse
 from gateway.protocols.base import thaw
+from gateway.sse import collected
 from gateway.tasks import TaskRef
 from gateway.tunnel import TunnelHub
 from gateway.upstream import (
@@ -386,15 +387,25 @@ class Caller:
         if upstream.response.status == 202 and not body.strip():
             ctx.reported = (0, 0)
             return AgentResponse(state="working")  # accepted, nothing more said
+        agent = upstream.candidate.agent
+        protocol = PROTOCOLS[agent.protocol]
+        meter = None
+        if agent.protocol == "http" and upstream.response.content_type == "text/event-stream":
+            # A plain agent that streams whatever it is asked (an SDK generator) answered
+            # a call that did not ask for a stream: its events, read whole, are the reply.
+            meter = protocol.stream_meter()
+            data = collected(body, meter)
+        else:
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
+                raise ReachError("upstream_bad_response",
+                                 "the agent's reply is not JSON") from exc
         try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
-            raise ReachError("upstream_bad_response", "the agent's reply is not JSON") from exc
-        try:
-            agent = upstream.candidate.agent
-            reply = PROTOCOLS[agent.protocol].parse(agent, upstream.candidate.capability, data)
-            ctx.reported = (reply.input_tokens, reply.output_tokens)
+            reply = protocol.parse(agent, upstream.candidate.capability, data)
+            ctx.reported = (meter.totals() if meter is not None
+                            else (reply.input_tokens, reply.output_tokens))
             if reply.state is None and upstream.response.status == 202:
                 reply.state = "working"  # accepted: the agent reports the rest later
         except ReachError as error:

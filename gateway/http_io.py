@@ -167,9 +167,19 @@ async def send_json(send, status: int, body: dict, request_id: str,
     await send_bytes(send, status, orjson.dumps(body), request_id, extra)
 
 
+def retry_headers(retryable: bool, retry_after: int | None = None) -> list:
+    """An error's retry hints as headers: ``Retry-After`` when known, and
+    ``x-should-retry`` (the official OpenAI SDKs obey it over their own rules, which
+    would resend every 5xx and 429: an agent that answered garbage ran three times)."""
+    extra = [(b"x-should-retry", b"true" if retryable else b"false")]
+    if retry_after:
+        extra.append((b"retry-after", str(retry_after).encode()))
+    return extra
+
+
 async def send_error(send, error: ReachError, request_id: str) -> None:
-    extra = [(b"retry-after", str(error.retry_after).encode())] if error.retry_after else None
-    await send_json(send, error.kind.status, error.body(request_id), request_id, extra)
+    await send_json(send, error.kind.status, error.body(request_id), request_id,
+                    retry_headers(error.kind.retryable, error.retry_after))
 
 
 def sse_headers(request_id: str) -> list[tuple[bytes, bytes]]:

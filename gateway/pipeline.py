@@ -50,6 +50,7 @@ from gateway.http_io import (
     header,
     read_body,
     require_json,
+    retry_headers,
     send_bytes,
     send_json,
     sse_headers,
@@ -58,14 +59,14 @@ from gateway.inputs import Defaults, canonical_input
 from gateway.intent_cpu import IntentCpu
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
-from gateway.sse import EventFramer, EventTooLarge, data_of
+from gateway.sse import EventFramer, EventNotUnderstood, EventTooLarge, data_of
 from gateway.tasks import Submission as TaskSubmission
 from gateway.tasks import TaskDoors
 from gateway.upstream import UpstreamFailure
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.endpoints import EndpointRefused, resolve_and_check_target
-from reach_core.errors import ReachError
+from reach_core.errors import ReachError, kind_of
 from reach_core.kinds import CapabilityKind, Outcome
 from routing.router import Candidate, Router, RouteRequest, capability_visible
 from routing.table import ApiKeyEntry, RouteTable
@@ -184,7 +185,7 @@ class Pipeline:
             idempotency_key=None)
         request.ctx = ctx
         tracing.call_started(ctx, request.scope)
-        async with self._metered(ctx) as metering:
+        async with self._metered(ctx, request.scope) as metering:
             # Inside the metering: a wrong body is an authenticated call that failed.
             require_json(request.scope)
             request.raw = await read_body(request.scope, request.receive,
@@ -245,10 +246,12 @@ class Pipeline:
             return Result(upstream.candidate, reply, ctx, route_ms)
 
     @contextlib.asynccontextmanager
-    async def _metered(self, ctx: CallContext):
+    async def _metered(self, ctx: CallContext, scope: dict | None = None):
         """Whatever happens after authentication, the call is metered exactly once with its
         final outcome (the body sets ``outcome`` when it ends otherwise than in success or
-        an exception), and its budget reservation is settled."""
+        an exception), and its budget reservation is settled. A call of an HTTP caller
+        (``scope``) cancelled while its caller is still there was cut by this gateway
+        (stopping past its drain time): ``service_unavailable``, not the caller's doing."""
         metering = _Metering()
         try:
             yield metering
@@ -256,7 +259,9 @@ class Pipeline:
             metering.outcome = error.code
             raise
         except asyncio.CancelledError:
-            metering.outcome = Outcome.CLIENT_CANCELLED
+            metering.outcome = (Outcome.CLIENT_CANCELLED
+                                if scope is None or scope.get(CLIENT_GONE)
+                                else Outcome.SERVICE_UNAVAILABLE)
             raise
         except Exception:
             metering.outcome = Outcome.INTERNAL_ERROR
@@ -464,9 +469,13 @@ class Pipeline:
         _refuse_if_taken(outcome, lease_s)
         if outcome == idempotency.Outcome.REPLAY:
             IDEMPOTENT_REPLAYS.inc()
+            code = Outcome.SUCCESS if stored.status < 400 else _code_of(stored.body)
+            extra = [(b"idempotent-replayed", b"true")]
+            if stored.status >= 400:
+                extra += retry_headers(kind_of(code).retryable)
             await send_bytes(request.send, stored.status, stored.body, request.request_id,
-                             extra=[(b"idempotent-replayed", b"true")])
-            return Outcome.SUCCESS if stored.status < 400 else _code_of(stored.body)
+                             extra=extra)
+            return code
         ctx.restart_agent_clock()
         refreshing = asyncio.ensure_future(self._keep_claim(record, owner, lease_s))
         try:
@@ -581,7 +590,13 @@ class Pipeline:
                 out = []
                 for event in framer.feed(chunk):
                     data = data_of(event)
-                    usage_only = data is not None and meter.observe(data)
+                    try:
+                        usage_only = data is not None and meter.observe(data)
+                    except EventNotUnderstood:
+                        if out:  # the events before it are the caller's
+                            await send({"type": "http.response.body", "body": b"".join(out),
+                                        "more_body": True})
+                        raise
                     if reframe is not None:
                         if meter.last_texts:
                             out.append(reframe("".join(meter.last_texts)))
@@ -607,7 +622,7 @@ class Pipeline:
             try:
                 async with deadline:
                     await relay_events()
-            except EventTooLarge as exc:
+            except (EventTooLarge, EventNotUnderstood) as exc:
                 outcome = Outcome.UPSTREAM_BAD_RESPONSE
                 error = ReachError("upstream_bad_response", str(exc))
             except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -645,6 +660,18 @@ class Pipeline:
                     await send({"type": "http.response.body",
                                 "body": error.sse_event(ctx.request_id), "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
+        except asyncio.CancelledError:
+            pumping.cancel()
+            if not request.scope.get(CLIENT_GONE):
+                # Not its caller: this gateway is stopping, past its drain time. The caller
+                # still reads, so it is told (and may send the call again elsewhere).
+                outcome = Outcome.SERVICE_UNAVAILABLE
+                stopping = ReachError("service_unavailable", "This gateway is stopping; "
+                                      "send the call again.")
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body",
+                                "body": stopping.sse_event(ctx.request_id), "more_body": True})
+            raise
         finally:
             watching.cancel()
             if outcome == Outcome.SUCCESS:
@@ -654,9 +681,11 @@ class Pipeline:
             else:
                 upstream.response.close()  # drops the connection: cancels the agent's work
             upstream.done()
-            # The caller's own deadline ending its stream is nothing against the agent.
+            # The caller's own deadline ending its stream is nothing against the agent, nor
+            # is this gateway stopping.
             self.caller.record_stream(
-                upstream, ok=None if outcome == Outcome.DEADLINE_EXCEEDED
+                upstream, ok=None if outcome in (Outcome.DEADLINE_EXCEEDED,
+                                                 Outcome.SERVICE_UNAVAILABLE)
                 else outcome in (Outcome.SUCCESS, Outcome.CLIENT_CANCELLED))
             ctx.reported = meter.totals()  # the agent answered: what it streamed counts
         return outcome

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
+
+from reach_core.errors import ReachError
+
 _SEPARATORS = (b"\r\n\r\n", b"\n\n")
 
 
@@ -58,6 +62,11 @@ class EventTooLarge(ValueError):
     pass
 
 
+class EventNotUnderstood(ValueError):
+    """An event its protocol cannot have sent (a chat chunk that is not JSON): relayed,
+    it would break the caller's parser mid-stream; the stream ends as the agent's fault."""
+
+
 def _first_separator(data: bytes) -> tuple[int, bytes] | None:
     found = [(i, s) for s in _SEPARATORS if (i := data.find(s)) != -1]
     return min(found) if found else None
@@ -67,3 +76,25 @@ def data_of(event: bytes) -> bytes | None:
     """The joined ``data:`` lines of an event, or None if it has none."""
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def collected(body: bytes, meter) -> dict:
+    """A whole stream read as one reply, for a plain agent that streams whatever it is
+    asked (an SDK generator): ``{"events": [each event's data, decoded when JSON],
+    "text": what its events said}``, ``meter`` (a ``StreamMeter``) counting as it reads.
+    An ``error`` event is the agent's failure (``upstream_error``)."""
+    events: list = []
+    texts: list[str] = []
+    for event in EventFramer(max_event_bytes=len(body) + 1).feed(body + b"\n\n"):
+        if event.startswith(b"event: error") or b"\nevent: error" in event:
+            raise ReachError("upstream_error", "the agent's stream ended with an error event")
+        data = data_of(event)
+        if data is None or data == b"[DONE]":
+            continue
+        meter.observe(data)
+        texts += meter.last_texts
+        try:
+            events.append(orjson.loads(data))
+        except orjson.JSONDecodeError:
+            events.append(data.decode("utf-8", "replace"))
+    return {"events": events, "text": "".join(texts)}

@@ -92,8 +92,9 @@ class ReachError(Exception):
     exception handler) turns it into the structured reply.
 
     ``details`` maps field paths to messages (invalid input); ``retry_after`` is whole
-    seconds for the ``Retry-After`` header (every 429 and 503 carries one: 1 s unless
-    the raiser knows better); ``explain`` is a dry run's explanation,
+    seconds for the ``Retry-After`` header (every retryable 429 and every 503 carries
+    one: 1 s unless the raiser knows better; a spent monthly budget does not come back
+    in a second, so ``quota_exceeded`` carries none); ``explain`` is a dry run's explanation,
     returned beside the error so callers see why. Raises ``KeyError`` for a code that
     is not in the catalogue: codes are part of the contract.
     """
@@ -104,7 +105,7 @@ class ReachError(Exception):
         self.kind = CATALOGUE[code]
         self.message = message
         self.details = details
-        if retry_after is None and self.kind.status in (429, 503):
+        if retry_after is None and self.kind.status in (429, 503) and self.kind.retryable:
             retry_after = 1
         self.retry_after = retry_after
         self.explain = explain

@@ -20,8 +20,9 @@ refusals above.
 
 Replies keep request order: a refusal of a pipelined request (400, 408, 431) waits for
 the replies to the requests before it. A head is held to ``MAX_HEAD_BYTES`` (431),
-cut while still arriving, refused when it came whole in one read. ``Upgrade`` to anything but WebSocket is refused (400): the
-parser would hand the body to the other protocol, lost or read as a smuggled request.
+cut while still arriving, refused when it came whole in one read. ``Upgrade`` to
+anything but WebSocket is refused (400): the parser would hand the body to the other
+protocol, lost or read as a smuggled request.
 Bytes between requests (a lone CRLF) start the head deadline.
 
 A caller that closes its connection (a FIN, or a reset) before its reply has begun is

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from gateway.sse import EventNotUnderstood
 from gateway.tasks import TaskRef
 from reach_core.errors import ReachError
 from routing.table import AgentEntry, CapabilityEntry
@@ -41,10 +42,17 @@ class UpstreamRequest:
     body: dict
 
 
+_NOT_JSON = object()
+
+
 class StreamMeter:
     """Counts a stream's tokens event by event: the agent's own figures when it reports
     them, else an estimate from the text it streamed (a word, or a CJK character, per
     token). Subclasses say where a protocol's events keep text and usage."""
+
+    # Every event of the protocol is a JSON object: one that is not raises
+    # ``EventNotUnderstood``.
+    json_events: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.input_tokens = 0
@@ -62,8 +70,14 @@ class StreamMeter:
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return False
+            event = _NOT_JSON
         if not isinstance(event, dict):
+            if self.json_events:
+                raise EventNotUnderstood("the agent streamed an event that is not a JSON "
+                                         "object")
+            texts = self.other_texts(data, event)
+            self._estimated += sum(estimate_tokens(text) for text in texts)
+            self.last_texts = texts
             return False
         usage, texts, usage_only = self.read_event(event)
         if isinstance(usage, Mapping):
@@ -82,10 +96,35 @@ class StreamMeter:
         texts = [v for k in ("text", "content", "delta") if isinstance(v := event.get(k), str)]
         return (usage if isinstance(usage, Mapping) else None), texts, False
 
+    def other_texts(self, data: bytes, event: Any) -> list[str]:
+        """The text of an event that is no JSON object (``event`` is its decoded JSON,
+        or ``_NOT_JSON``): none, unless a protocol says otherwise."""
+        return []
+
     def totals(self) -> tuple[int, int]:
         if self._reported:
             return self.input_tokens, self.output_tokens
         return self.input_tokens, self._estimated
+
+
+class PlainEventMeter(StreamMeter):
+    """A plain agent's events (an SDK generator's chunks, any SSE): every event is text
+    to the caller — its ``text``/``content``/``delta``, else the event itself (plain text,
+    a JSON string, or the JSON of an object less its usage), so a chat door relaying
+    such a stream shows what the agent sent instead of nothing."""
+
+    def read_event(self, event: dict) -> tuple[Mapping | None, list[str], bool]:
+        usage, texts, _ = super().read_event(event)
+        if not texts and "error" not in event:
+            rest = {k: v for k, v in event.items() if k != "usage"}
+            if rest:
+                texts = [orjson.dumps(rest).decode()]
+        return usage, texts, False
+
+    def other_texts(self, data: bytes, event: Any) -> list[str]:
+        if isinstance(event, str):
+            return [event]
+        return [data.decode("utf-8", "replace")]
 
 
 class AgentProtocol:

@@ -15,6 +15,8 @@ from typing import Any
 from gateway.protocols.base import (
     AgentProtocol,
     AgentResponse,
+    PlainEventMeter,
+    StreamMeter,
     UpstreamRequest,
     bad_response,
     dig,
@@ -79,3 +81,6 @@ class HttpProtocol(AgentProtocol):
             raw_meta=meta, input_tokens=input_tokens, output_tokens=output_tokens,
             state=state,
         )
+
+    def stream_meter(self) -> StreamMeter:
+        return PlainEventMeter()

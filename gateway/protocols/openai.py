@@ -22,6 +22,8 @@ class ChatChunkMeter(StreamMeter):
     """Chat-completion chunks: text in ``choices[].delta.content``; the usage chunk (sent
     when ``stream_options.include_usage`` was asked for) has no choices."""
 
+    json_events = True
+
     def read_event(self, event: dict) -> tuple[Mapping | None, list[str], bool]:
         usage = event.get("usage")
         texts = [content for choice in event.get("choices") or []

@@ -8,6 +8,7 @@ from metering.choices import ERROR_REASONS
 from metering.models import UsageDaily, UsageEvent
 from metering.reports import DEFAULT_GROUP_BY, PeriodError, parse_group_by, resolve_period
 from metering.selectors import GROUP_KEYS, MISSING
+from reach_core.kinds import Outcome
 
 
 class UsageEventSerializer(serializers.ModelSerializer):
@@ -39,6 +40,22 @@ class UsageDailySerializer(serializers.ModelSerializer):
 
 def _cost_field(**kw) -> serializers.DecimalField:
     return serializers.DecimalField(max_digits=24, decimal_places=6, read_only=True, **kw)
+
+
+class UsageEventQuerySerializer(serializers.Serializer):
+    """Filters of the usage events list; validation only. Any other query parameter is
+    refused: a filter silently ignored reads as one applied."""
+
+    tenant = serializers.SlugField(
+        required=False, help_text="Only this tenant (its slug); default: every tenant you read.")
+    outcome = serializers.ChoiceField(choices=[o.value for o in Outcome], required=False,
+                                      help_text="Only calls that ended so.")
+    capability = serializers.CharField(max_length=128, required=False,
+                                       help_text="Only calls of this capability id.")
+    agent = serializers.CharField(max_length=128, required=False,
+                                  help_text="Only calls served by the agent of this name.")
+    since = serializers.DateTimeField(required=False, help_text="Calls at or after this time.")
+    until = serializers.DateTimeField(required=False, help_text="Calls before this time.")
 
 
 class UsagePeriodQuerySerializer(serializers.Serializer):

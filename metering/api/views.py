@@ -16,6 +16,7 @@ from metering.api.serializers import (
     ToolUsageSerializer,
     UsageAllocationSerializer,
     UsageDailySerializer,
+    UsageEventQuerySerializer,
     UsageEventSerializer,
     UsagePeriodQuerySerializer,
     UsageReportQuerySerializer,
@@ -35,6 +36,37 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
     queryset = UsageEvent.objects.select_related("tenant")
     serializer_class = UsageEventSerializer
     lookup_field = "request_id"
+    # Besides the filters: pagination, and DRF's renderer choice.
+    NOT_FILTERS = frozenset({"limit", "offset", "format"})
+
+    @extend_schema(parameters=[UsageEventQuerySerializer])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    def filter_queryset(self, queryset):
+        queryset = super().filter_queryset(queryset)
+        if self.action != "list":
+            return queryset
+        accepted = set(UsageEventQuerySerializer().fields)
+        unknown = sorted(set(self.request.query_params) - accepted - self.NOT_FILTERS)
+        if unknown:
+            raise exceptions.ValidationError({name: [
+                f"not a filter of usage events; use {', '.join(sorted(accepted))}"]
+                for name in unknown[:10]})
+        query = _validated(UsageEventQuerySerializer, self.request)
+        if "tenant" in query:
+            queryset = queryset.filter(tenant_id__in=_scope(self.request, query["tenant"]))
+        if "outcome" in query:
+            queryset = queryset.filter(outcome=query["outcome"])
+        if "capability" in query:
+            queryset = queryset.filter(capability__capability_id=query["capability"])
+        if "agent" in query:
+            queryset = queryset.filter(agent__name=query["agent"])
+        if "since" in query:
+            queryset = queryset.filter(occurred_at__gte=query["since"])
+        if "until" in query:
+            queryset = queryset.filter(occurred_at__lt=query["until"])
+        return queryset
 
     def get_object(self):
         # A caller chooses its request ids and may repeat one: never MultipleObjectsReturned.

@@ -87,6 +87,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     die_after = int(words[2]) if text.startswith("die after") else None
     stall_after = int(words[2]) if text.startswith("stall after") else None
     delay = 0.05 if text.startswith("slowly") else 0.01
+    if text == "answer html":
+        return web.Response(text="<html>oops</html>", content_type="text/html")
     if not body.get("stream"):
         return web.json_response({
             "id": "c1", "object": "chat.completion", "created": int(time.time()),
@@ -98,6 +100,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
         })
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if text == "stream garbage":
+        await response.write(b'data: {"choices": [{"delta": {"content": "fine "}}]}\n\n'
+                             b"data: {not json}\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
     try:
         for index, word in enumerate(words):
             if die_after is not None and index == die_after:

@@ -55,6 +55,38 @@ def test_the_official_openai_sdk_gets_a_completion_and_a_stream(gateway):
     assert "stream me please" in text
 
 
+def _chat_calls(gateway) -> int:
+    return len([s for s in gateway.seen() if s.get("path") == "/v1/chat/completions"])
+
+
+def test_the_openai_sdk_does_not_resend_what_the_gateway_calls_not_retryable(gateway):
+    """The SDK resends 5xx and 429 answers on its own (twice by default) unless told
+    otherwise: an agent whose reply is garbage must run once, not three times."""
+    client = openai.OpenAI(base_url=f"{gateway.base}/v1", api_key=gateway.key)  # retries on
+    before = _chat_calls(gateway)
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.chat.completions.create(
+            model="scripted-chat", messages=[{"role": "user", "content": "answer html"}])
+    assert failed.value.status_code == 502
+    assert failed.value.response.headers["x-should-retry"] == "false"
+    assert _chat_calls(gateway) == before + 1
+
+
+def test_a_stream_event_that_is_no_chat_chunk_ends_the_stream_as_the_agents_fault(gateway):
+    """An OpenAI-protocol agent streaming an event that is not JSON: what came before it
+    is relayed, then ``event: error`` ``upstream_bad_response`` (never the garbage
+    itself, which the SDKs cannot parse), and the call is metered so."""
+    client = openai.OpenAI(base_url=f"{gateway.base}/v1", api_key=gateway.key, max_retries=0)
+    texts = []
+    with pytest.raises(openai.APIError) as broken:
+        for chunk in client.chat.completions.create(
+                model="scripted-chat", stream=True,
+                messages=[{"role": "user", "content": "stream garbage"}]):
+            texts += [c.delta.content or "" for c in chunk.choices]
+    assert "".join(texts) == "fine "
+    assert "upstream_bad_response" in str(broken.value.body) + str(broken.value)
+
+
 def test_caller_and_hop_by_hop_headers_never_reach_the_agent(gateway):
     response = invoke(gateway, "echo.all", {"x": 1}, headers={
         "X-Reach-Tenant": "someone-else", "X-Reach-Deadline-Ms": "4000",

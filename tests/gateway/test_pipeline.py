@@ -167,6 +167,7 @@ def test_errors_are_structured_with_retryable_on_every_door(scripted):
         assert (replies[name].status_code, error["code"], error["retryable"]) == \
             (status, code, retryable), name
         assert error["request_id"] == replies[name].headers["x-request-id"]
+        assert replies[name].headers["x-should-retry"] == str(retryable).lower(), name
     assert set(replies["invalid"].json()["error"]["details"]) == {"text"}
 
 
@@ -187,8 +188,13 @@ def test_rate_limits_and_budgets_apply_to_the_chat_door_too(scripted):
     assert [r.status_code for r in rated] == [200, 200, 429]
     assert rated[2].json()["error"]["code"] == "rate_limited"
     assert int(rated[2].headers["retry-after"]) >= 1
+    assert rated[2].headers["x-should-retry"] == "true"
     assert [r.status_code for r in spent] == [200, 200, 200, 429]
     assert spent[3].json()["error"]["code"] == "quota_exceeded"
+    # A spent monthly budget does not come back in a second: no Retry-After, and the
+    # OpenAI SDKs' own rule (resend every 429) is overruled.
+    assert "retry-after" not in spent[3].headers
+    assert spent[3].headers["x-should-retry"] == "false"
 
 
 def test_every_door_hands_off_one_usage_event_per_call(scripted):

@@ -515,6 +515,45 @@ def test_the_usage_root_lists_the_callers_events(world):
     assert [e["request_id"] for e in body["results"]] == ["root-a"]
 
 
+def test_usage_events_filter_by_outcome_capability_agent_time_and_tenant(world):
+    """Finance narrows the events list; a filter that does not exist is a 400 naming it
+    (silently ignored, ``?outcome=success`` read as applied while listing every call)."""
+    from django.utils import timezone
+
+    from metering.models import UsageEvent
+    from tests.conftest import key_client
+
+    now = timezone.now()
+    translate = factories.capability(agent=world.agent_a, capability_id="translate.text")
+    rows = [("f-ok", "success", translate, now), ("f-old", "success", translate,
+                                                  now - dt.timedelta(days=2)),
+            ("f-cut", "client_cancelled", None, now)]
+    for request_id, outcome, capability, when in rows:
+        UsageEvent.objects.create(request_id=request_id, tenant=world.tenant_a, outcome=outcome,
+                                  agent=world.agent_a if capability else None,
+                                  capability=capability, occurred_at=when)
+    UsageEvent.objects.create(request_id="f-theirs", tenant=world.tenant_b, outcome="success",
+                              occurred_at=now)
+    client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+
+    def listed(**params) -> list[str]:
+        reply = client.get("/api/v1/usage/", params)
+        assert reply.status_code == 200, reply.content
+        return sorted(e["request_id"] for e in reply.json()["results"])
+
+    assert listed(outcome="success") == ["f-ok", "f-old"]
+    assert listed(capability="translate.text", agent="alpha-translator") == ["f-ok", "f-old"]
+    assert listed(since=(now - dt.timedelta(days=1)).isoformat()) == ["f-cut", "f-ok"]
+    assert listed(until=(now - dt.timedelta(days=1)).isoformat(), limit=5) == ["f-old"]
+    assert listed(tenant="alpha", outcome="client_cancelled") == ["f-cut"]
+    for bad, field in (({"outcom": "success"}, "outcom"), ({"outcome": "fine"}, "outcome"),
+                       ({"since": "yesterday"}, "since")):
+        refused = client.get("/api/v1/usage/events/", bad)
+        assert refused.status_code == 400, refused.content
+        assert field in refused.json()["error"]["details"]
+    assert client.get("/api/v1/usage/", {"tenant": "beta"}).status_code == 404
+
+
 # ---- errors by reason ------------------------------------------------------------------
 
 

@@ -34,6 +34,11 @@ def sdk_agent(name: str = "sdk-agent") -> tuple[Agent, threading.Event]:
         for word in input["text"].split():
             yield word
 
+    @agent.capability("sdk.counts", description="stream counts")
+    def counts(input, ctx):
+        for i in range(2):
+            yield {"i": i}
+
     @agent.capability("sdk.ask", description="asks for a language")
     def ask(input, ctx):
         if not input.get("language"):
@@ -104,12 +109,25 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
         chat_stream = [c.choices[0].delta.content for c in openai.chat.completions.create(
             model="sdk-chat", stream=True, messages=[{"role": "user", "content": "yo"}])
             if c.choices and c.choices[0].delta.content]
+        # A plain generator through the chat door: each event is content, text or not.
+        counted = [c.choices[0].delta.content for c in openai.chat.completions.create(
+            model="capability:sdk.counts", stream=True,
+            messages=[{"role": "user", "content": "count"}])
+            if c.choices and c.choices[0].delta.content]
+        # ... and called without a stream, its events read whole are the answer.
+        with ReachClient(platform.base, platform.key) as reach:
+            whole = reach.invoke("sdk.words", input={"text": "one two"})
+        whole_chat = openai.chat.completions.create(
+            model="capability:sdk.words", messages=[{"role": "user", "content": "a b"}])
     finally:
         running.stop()
         chatting.stop()
 
     assert chat.choices[0].message.content == "you said hi "  # an @agent.chat handler
     assert chat_stream == ["you ", "said ", "yo "]  # ... streamed chunk by chunk
+    assert counted == ['{"i":0}', '{"i":1}']
+    assert whole["output"] == {"events": [{"text": "one"}, {"text": "two"}], "text": "onetwo"}
+    assert whole_chat.choices[0].message.content == "ab"
 
     assert reply["output"]["echo"] == {"x": 1} and reply["agent"] == "sdk-agent"
     assert reply["output"]["idempotency_key"] == "sdk-1"

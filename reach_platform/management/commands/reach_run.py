@@ -106,6 +106,11 @@ class Command(BaseCommand):
 
             jobs |= registry_jobs() | metering_jobs(gateway_application.usage) | task_jobs()
             jobs |= learning_jobs(gateway_application.route_feedback.queue)
+        else:
+            # Production's jobs run in Celery: without a worker, usage waits in the Redis
+            # stream and nothing is swept. Said once, where the operator looks.
+            self._announce("  REDIS_URL is set: usage, lease sweeps, probes and learning run "
+                           "in Celery; start `celery -A reach_platform worker -B` beside this")
         scheduler = InProcessScheduler(jobs)
         scheduler.start()
         try:
