@@ -149,12 +149,16 @@ def chat_completions(request: Request, *, internal: bool) -> Call:
     chunk_id = f"chatcmpl-{request.request_id}"
     return Call(
         route=route, payload=lambda protocol: protocol.chat_input(body),
-        reply=completion, stream=stream, events=completion_events,
+        reply=completion, stream=stream,
+        events=completion_events_with_usage if wants_usage else completion_events,
         # Another protocol's stream (A2A events) goes out as chat chunks, event by event.
         reframe=lambda protocol, model: None if protocol.speaks_chat
         else lambda text: _chunk(chunk_id, model, {"content": text}, None),
         finish=_chunk(chunk_id, "", {}, "stop") + b"data: [DONE]\n\n",
         keep_usage_events=wants_usage,
+        usage_event=(lambda tokens_in, tokens_out: _usage_chunk(chunk_id, tokens_in,
+                                                                tokens_out))
+        if wants_usage else None,
     )
 
 
@@ -179,6 +183,15 @@ def _chunk(chunk_id: str, model: str, delta: dict, finish_reason: str | None) ->
         "id": chunk_id, "object": "chat.completion.chunk", "created": int(time.time()),
         "model": model, "choices": [{"index": 0, "delta": delta,
                                   "finish_reason": finish_reason}]}) + b"\n\n"
+
+
+def _usage_chunk(chunk_id: str, tokens_in: int, tokens_out: int) -> bytes:
+    """The chunk ``stream_options.include_usage`` asks for: no choices, the usage."""
+    return b"data: " + orjson.dumps({
+        "id": chunk_id, "object": "chat.completion.chunk", "created": int(time.time()),
+        "model": "", "choices": [], "usage": {
+            "prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+            "total_tokens": tokens_in + tokens_out}}) + b"\n\n"
 
 
 def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespace: str,
@@ -217,8 +230,13 @@ def completion(result: Result) -> dict:
     }
 
 
-def completion_events(result: Result) -> bytes:
-    """A whole answer as a chat stream: one content chunk, the final chunk, ``[DONE]``."""
+def completion_events_with_usage(result: Result) -> bytes:
+    return completion_events(result, usage=True)
+
+
+def completion_events(result: Result, *, usage: bool = False) -> bytes:
+    """A whole answer as a chat stream: one content chunk, the final chunk, the usage
+    chunk when asked for (``stream_options.include_usage``), ``[DONE]``."""
     whole = completion(result)
     base = {"id": whole["id"], "object": "chat.completion.chunk",
             "created": whole["created"], "model": whole["model"]}
@@ -229,6 +247,8 @@ def completion_events(result: Result) -> bytes:
                               "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
+    if usage:
+        events.append({**base, "choices": [], "usage": whole["usage"]})
     return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) \
         + b"data: [DONE]\n\n"
 

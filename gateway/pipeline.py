@@ -74,6 +74,8 @@ from routing.table import ApiKeyEntry, RouteTable
 logger = logging.getLogger(__name__)
 TOKENS_IN, TOKENS_OUT = TOKENS.labels("input"), TOKENS.labels("output")
 MAX_IDEMPOTENCY_KEY = 255
+DONE = b"[DONE]"
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
 @dataclass
@@ -119,6 +121,9 @@ class Call:
     it returns a function, rewrites each relayed event's streamed text into this door's
     own events (``finish`` ends them); else events pass as they are.
     ``keep_usage_events``: relay usage-only events (else they are metered and dropped).
+    ``usage_event(input, output)``: the caller asked for usage; when the agent streamed
+    none, this event (the gateway's own count, what is metered) goes out before
+    ``[DONE]``.
     """
 
     route: RouteRequest
@@ -130,6 +135,7 @@ class Call:
         lambda protocol, agent_name: None
     finish: bytes = b""
     keep_usage_events: bool = True
+    usage_event: Callable[[int, int], bytes] | None = None
     # ``"ask"``: an intent whose best two matches nearly tie is answered 300 with the
     # candidates instead of calling the first (``"guess"``, the default).
     on_ambiguity: str = "guess"
@@ -603,6 +609,8 @@ class Pipeline:
                         continue
                     if usage_only and not call.keep_usage_events:
                         continue
+                    if data == DONE and call.usage_event and not meter.reported:
+                        out.append(call.usage_event(*meter.totals()))
                     out.append(event)
                 if out:
                     await send({"type": "http.response.body", "body": b"".join(out),
@@ -612,7 +620,11 @@ class Pipeline:
             if framer.pending.strip():
                 raise aiohttp.ClientPayloadError("the stream ended inside an event")
             if reframe is not None and call.finish:
-                await send({"type": "http.response.body", "body": call.finish,
+                finish = call.finish
+                if call.usage_event and not meter.reported and finish.endswith(DONE_EVENT):
+                    finish = (finish[:-len(DONE_EVENT)] + call.usage_event(*meter.totals())
+                              + DONE_EVENT)
+                await send({"type": "http.response.body", "body": finish,
                             "more_body": True})
 
         async def pump() -> None:

@@ -101,6 +101,11 @@ class StreamMeter:
         or ``_NOT_JSON``): none, unless a protocol says otherwise."""
         return []
 
+    @property
+    def reported(self) -> bool:
+        """The agent reported its usage (else the totals are an estimate)."""
+        return self._reported
+
     def totals(self) -> tuple[int, int]:
         if self._reported:
             return self.input_tokens, self.output_tokens

@@ -114,6 +114,11 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
             model="capability:sdk.counts", stream=True,
             messages=[{"role": "user", "content": "count"}])
             if c.choices and c.choices[0].delta.content]
+        # Usage asked for, none streamed by the agent: the gateway's own count comes.
+        usages = {model: [c.usage for c in openai.chat.completions.create(
+            model=model, stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "one two three"}]) if c.usage]
+            for model in ("sdk-chat", "capability:sdk.counts")}
         # ... and called without a stream, its events read whole are the answer.
         with ReachClient(platform.base, platform.key) as reach:
             whole = reach.invoke("sdk.words", input={"text": "one two"})
@@ -126,6 +131,8 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
     assert chat.choices[0].message.content == "you said hi "  # an @agent.chat handler
     assert chat_stream == ["you ", "said ", "yo "]  # ... streamed chunk by chunk
     assert counted == ['{"i":0}', '{"i":1}']
+    for model, usage in usages.items():
+        assert len(usage) == 1 and usage[0].completion_tokens > 0, (model, usage)
     assert whole["output"] == {"events": [{"text": "one"}, {"text": "two"}], "text": "onetwo"}
     assert whole_chat.choices[0].message.content == "ab"
 
