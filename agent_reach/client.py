@@ -103,7 +103,17 @@ class _Base:
             except ValueError:
                 body = {"error": {"code": "error", "message": response.text[:300]}}
             raise error_from(response.status_code, body, response.headers)
-        return response.json() if response.content else {}
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except ValueError:
+            # Not the gateway's answer (a proxy's page in between, a wrong base URL).
+            raise GatewayUnreachable(response.status_code, {
+                "code": "gateway_unreachable", "retryable": False,
+                "message": "the answer is not the gateway's JSON "
+                           f"({response.headers.get('content-type', 'no content type')})"}
+            ) from None
 
 
 def _event_error(data: bytes) -> ReachError:
@@ -148,6 +158,15 @@ def _decoded(name: str, data: bytes):
         return {"data": data.decode(errors="replace")}
 
 
+def _require_events(response: httpx.Response) -> None:
+    """A stream's answer is an event stream; anything else is not the gateway's."""
+    kind = response.headers.get("content-type", "")
+    if not kind.startswith("text/event-stream"):
+        raise GatewayUnreachable(response.status_code, {
+            "code": "gateway_unreachable", "retryable": False,
+            "message": f"the answer is not the gateway's event stream ({kind or 'no type'})"})
+
+
 def _unreachable(exc: httpx.TransportError) -> GatewayUnreachable:
     never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
     return GatewayUnreachable(0, {
@@ -164,12 +183,45 @@ class _Unreachable(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         try:
-            return self._inner.handle_request(request)
+            response = self._inner.handle_request(request)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        response.stream = _CutBody(response.stream)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _CutBody(httpx.SyncByteStream):
+    """A body cut after its head arrived (the gateway killed mid-reply): the same error."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __iter__(self):
+        try:
+            yield from self._inner
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
 
     def close(self) -> None:
         self._inner.close()
+
+
+class _AsyncCutBody(httpx.AsyncByteStream):
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    async def __aiter__(self):
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class _AsyncUnreachable(httpx.AsyncBaseTransport):
@@ -178,9 +230,11 @@ class _AsyncUnreachable(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
-            return await self._inner.handle_async_request(request)
+            response = await self._inner.handle_async_request(request)
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
+        response.stream = _AsyncCutBody(response.stream)
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -256,6 +310,7 @@ class ReachClient(_Base):
             if response.status_code >= 400 or response.status_code == 300:
                 response.read()
                 self._check(response)
+            _require_events(response)
             framing = _EventLines()
             for line in itertools.chain(response.iter_lines(), [None]):
                 framed = framing.line(line) if line is not None else framing.end()
@@ -359,6 +414,7 @@ class AsyncReachClient(_Base):
             if response.status_code >= 400 or response.status_code == 300:
                 await response.aread()
                 self._check(response)
+            _require_events(response)
             framing = _EventLines()
             async for line in response.aiter_lines():
                 framed = framing.line(line)

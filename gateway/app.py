@@ -21,6 +21,7 @@ directly around a hand-made table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -333,8 +334,17 @@ class GatewayApp:
             outcome = error.code
             await send_error(send, error, request_id)
         except asyncio.CancelledError:
-            outcome = Outcome.CLIENT_CANCELLED
-            raise
+            if scope.get(CLIENT_GONE):
+                outcome = Outcome.CLIENT_CANCELLED
+                raise
+            # Not its caller: this gateway is stopping past its drain time (uvicorn
+            # cancels what still runs). A caller still waiting gets the one error shape,
+            # 503, instead of uvicorn's plain-text 500 (a stream has had its error event).
+            outcome = Outcome.SERVICE_UNAVAILABLE
+            with contextlib.suppress(Exception):
+                await send_error(send, ReachError(
+                    "service_unavailable", "This gateway is stopping; send the call again."),
+                    request_id)
         except Exception:
             outcome = "internal_error"
             logger.exception("gateway failure (request %s)", request_id)

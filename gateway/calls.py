@@ -404,8 +404,9 @@ class Caller:
                                  "the agent's reply is not JSON") from exc
         try:
             reply = protocol.parse(agent, upstream.candidate.capability, data)
-            ctx.reported = (meter.totals() if meter is not None
-                            else (reply.input_tokens, reply.output_tokens))
+            if meter is not None:  # what its events reported (or said): in the reply too
+                reply.input_tokens, reply.output_tokens = meter.totals()
+            ctx.reported = (reply.input_tokens, reply.output_tokens)
             if reply.state is None and upstream.response.status == 202:
                 reply.state = "working"  # accepted: the agent reports the rest later
         except ReachError as error:

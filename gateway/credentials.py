@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import ssl
+import stat
 import tempfile
 from functools import lru_cache
 
@@ -18,6 +19,13 @@ from reach_core import filerefs
 from reach_core.envrefs import DEFAULT_PATTERNS, refusal
 from reach_core.errors import ReachError
 from routing.table import RouteTable
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # missing: the load fails, and says so (without the path)
 
 
 class Credentials:
@@ -56,6 +64,10 @@ class Credentials:
     def _file(self, path: str) -> str:
         """``path`` resolved, if it lies in the operator's certificate directory."""
         real = filerefs.resolved(path, self._files)
+        if real is not None and not _regular(real):
+            # A FIFO or a device would block the load (and every call waiting on it).
+            raise ReachError("service_unavailable", "A client certificate file of this "
+                             "call is not a regular file in this gateway.")
         if real is None:
             # Which path stays out of the answer: it is about this host.
             raise ReachError("service_unavailable", "A client certificate file of this "

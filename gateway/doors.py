@@ -216,7 +216,12 @@ def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, na
 
 def completion(result: Result) -> dict:
     reply = result.reply
-    message = {"role": "assistant", "content": reply.reply_content}
+    content = reply.reply_content
+    if content is None and not reply.tool_calls and reply.output is not None:
+        # A plain agent with no text to say: its output is the answer, as JSON text.
+        content = reply.output if isinstance(reply.output, str) \
+            else dumps_reply(reply.output).decode()
+    message = {"role": "assistant", "content": content}
     if reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
     return {
@@ -242,8 +247,8 @@ def completion_events(result: Result, *, usage: bool = False) -> bytes:
             "created": whole["created"], "model": whole["model"]}
     events = [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                    "content": result.reply.reply_content
-                                                    or ""},
+                                                    "content": whole["choices"][0]
+                                                    ["message"]["content"] or ""},
                               "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]

@@ -158,7 +158,9 @@ class McpServer:
         except ReachError as error:
             return _failed(error, request_id)
         answer = doors.agent_response(result)
-        return {"content": [{"type": "text", "text": as_text(answer["output"])}],
+        # A chat agent's answer is its reply (its output is empty); a plain one's, output.
+        shown = answer["output"] if answer["output"] is not None else answer["reply_content"]
+        return {"content": [{"type": "text", "text": as_text(shown)}],
                 "structuredContent": answer, "isError": False}
 
 

@@ -59,7 +59,14 @@ from gateway.inputs import Defaults, canonical_input
 from gateway.intent_cpu import IntentCpu
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
-from gateway.sse import EventFramer, EventNotUnderstood, EventTooLarge, data_of
+from gateway.sse import (
+    AgentReportedError,
+    EventFramer,
+    EventNotUnderstood,
+    EventTooLarge,
+    data_of,
+    is_error_event,
+)
 from gateway.tasks import Submission as TaskSubmission
 from gateway.tasks import TaskDoors
 from gateway.upstream import UpstreamFailure
@@ -595,6 +602,14 @@ class Pipeline:
             async for chunk in upstream.response.content.iter_any():
                 out = []
                 for event in framer.feed(chunk):
+                    if is_error_event(event):
+                        # The agent's own failure: never relayed as it is (its text is
+                        # the agent's internals, its shape not ours), nor hidden under a
+                        # door's [DONE]: the stream ends with the gateway's error event.
+                        if out:
+                            await send({"type": "http.response.body", "body": b"".join(out),
+                                        "more_body": True})
+                        raise AgentReportedError
                     data = data_of(event)
                     try:
                         usage_only = data is not None and meter.observe(data)
@@ -637,6 +652,10 @@ class Pipeline:
             except (EventTooLarge, EventNotUnderstood) as exc:
                 outcome = Outcome.UPSTREAM_BAD_RESPONSE
                 error = ReachError("upstream_bad_response", str(exc))
+            except AgentReportedError:
+                outcome = Outcome.UPSTREAM_ERROR
+                error = ReachError("upstream_error", "the agent's stream ended with an error "
+                                   "event")
             except (TimeoutError, aiohttp.ServerTimeoutError):
                 if deadline.expired():  # (the loop's timer may fire a hair early)
                     outcome = Outcome.DEADLINE_EXCEEDED

@@ -72,6 +72,16 @@ def _first_separator(data: bytes) -> tuple[int, bytes] | None:
     return min(found) if found else None
 
 
+class AgentReportedError(Exception):
+    """The agent ended its stream with an ``event: error`` of its own."""
+
+
+def is_error_event(event: bytes) -> bool:
+    """Whether the event is named ``error`` (how agents end a stream that failed)."""
+    return event.startswith(b"event: error") or b"\nevent: error" in event \
+        or event.startswith(b"event:error") or b"\nevent:error" in event
+
+
 def data_of(event: bytes) -> bytes | None:
     """The joined ``data:`` lines of an event, or None if it has none."""
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
@@ -86,7 +96,7 @@ def collected(body: bytes, meter) -> dict:
     events: list = []
     texts: list[str] = []
     for event in EventFramer(max_event_bytes=len(body) + 1).feed(body + b"\n\n"):
-        if event.startswith(b"event: error") or b"\nevent: error" in event:
+        if is_error_event(event):
             raise ReachError("upstream_error", "the agent's stream ended with an error event")
         data = data_of(event)
         if data is None or data == b"[DONE]":

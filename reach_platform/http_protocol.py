@@ -46,7 +46,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.http_io import CANCEL_ON_GONE, CLIENT_GONE
-from reach_core.errors import error_body
+from reach_core.errors import error_body, kind_of
 from reach_core.requestid import new_request_id
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -61,9 +61,10 @@ def _closing_reply(status: bytes, code: str, message: str) -> bytes:
     which the connection is closed (what came before it cannot be framed)."""
     request_id = new_request_id()
     body = orjson.dumps(error_body(code=code, message=message, request_id=request_id))
+    retry = b"true" if kind_of(code).retryable else b"false"
     return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n"
-            % (status, request_id.encode(), len(body))) + body
+            b"x-should-retry: %s\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
+            % (status, request_id.encode(), retry, len(body))) + body
 
 
 def header_timeout_s() -> float:

@@ -53,6 +53,9 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
             raise exceptions.ValidationError({name: [
                 f"not a filter of usage events; use {', '.join(sorted(accepted))}"]
                 for name in unknown[:10]})
+        repeated = [name for name in accepted if len(self.request.query_params.getlist(name)) > 1]
+        if repeated:  # one value each: the last silently winning reads as both applied
+            raise exceptions.ValidationError({name: ["give it once"] for name in repeated})
         query = _validated(UsageEventQuerySerializer, self.request)
         if "tenant" in query:
             queryset = queryset.filter(tenant_id__in=_scope(self.request, query["tenant"]))

@@ -100,6 +100,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
         })
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if text == "stream then fail":
+        await response.write(b'data: {"choices": [{"delta": {"content": "fine "}}]}\n\n'
+                             b'event: error\ndata: {"error": {"message": "secret-internal-'
+                             b'detail /etc/passwd"}}\n\n')
+        await response.write_eof()
+        return response
     if text == "stream garbage":
         await response.write(b'data: {"choices": [{"delta": {"content": "fine "}}]}\n\n'
                              b"data: {not json}\n\n")

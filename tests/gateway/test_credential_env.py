@@ -4,6 +4,8 @@ gateway send ``REACH_CREDENTIAL_KEYS`` or ``DATABASE_URL`` to the tenant's own a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.support.waiting import wait_for
@@ -130,3 +132,8 @@ def test_the_gateway_reads_certificate_files_only_inside_its_directory(tmp_path)
         assert str(tmp_path) not in refused.value.message
     with pytest.raises(ReachError):  # an operator who lends no directory lends no file
         Credentials((), files="").client_ssl(cert, key, "", "")
+    # A FIFO inside the directory would block the load, and every call waiting on it.
+    os.mkfifo(certs / "blocking.key")
+    with pytest.raises(ReachError) as blocked:
+        credentials.client_ssl(cert, str(certs / "blocking.key"), "", "")
+    assert "not a regular file" in blocked.value.message

@@ -307,6 +307,7 @@ def test_a_whole_head_over_the_bound_is_refused_too(gateway, path):
         replies = read_all(sock)
     assert statuses(replies) == [b"431"], replies[:300]
     assert b'"headers_too_large"' in replies
+    assert b"x-should-retry: false" in replies  # as every gateway error says
 
 
 @pytest.mark.gateway_env(REACH_HEADER_TIMEOUT_S="0.5")

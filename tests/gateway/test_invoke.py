@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -53,6 +54,36 @@ def test_the_official_openai_sdk_gets_a_completion_and_a_stream(gateway):
         stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "stream me please" in text
+    # A plain agent with no text to say: its output is the content, as JSON text.
+    plain = client.chat.completions.create(
+        model="capability:echo.all", messages=[{"role": "user", "content": "plain one"}])
+    assert json.loads(plain.choices[0].message.content)["echo"] == {"text": "plain one"}
+
+
+def test_an_agents_error_event_ends_its_stream_as_the_agents_failure(gateway):
+    """An agent that ends its stream with ``event: error``: the events before it are
+    relayed, then the gateway's own error event (the one shape; the agent's text is its
+    internals), never a door's clean ``[DONE]`` over it, and metered as a failure."""
+    def failed_calls() -> float:
+        return sum(scrape(gateway.base, "reach_calls_total",
+                          {"endpoint": endpoint, "outcome": "upstream_error"}) or 0
+                   for endpoint in ("invoke", "chat_completions"))
+
+    before = failed_calls()
+    with gateway.client() as client:
+        streamed = client.post("/v1/invoke", json={
+            "capability": "chat.scripted", "stream": True,
+            "input": {"text": "stream then fail"}}).text
+    assert '"fine "' in streamed and "secret-internal-detail" not in streamed
+    assert streamed.rstrip().endswith("}") and '"upstream_error"' in streamed
+    chat = openai.OpenAI(base_url=f"{gateway.base}/v1", api_key=gateway.key, max_retries=0)
+    with pytest.raises(openai.APIError) as failed:
+        for _ in chat.chat.completions.create(
+                model="scripted-chat", stream=True,
+                messages=[{"role": "user", "content": "stream then fail"}]):
+            pass
+    assert "upstream_error" in str(failed.value.body) + str(failed.value)
+    assert failed_calls() - before == 2
 
 
 def _chat_calls(gateway) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import httpx
@@ -17,6 +18,7 @@ from django.conf import settings
 
 from tests.gateway.conftest import gateway_env
 from tests.support.servers import ROOT, free_port, uvicorn_args, wait_until_serving
+from tests.support.waiting import wait_for
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="reads the usage stream in Redis")
@@ -32,11 +34,20 @@ def test_a_stream_cut_by_its_gateway_stopping_is_told_and_metered_so(gateway, tm
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(base, proc)
+        headers = {"Authorization": f"Bearer {gateway.key}"}
+        slow_calls = len([s for s in gateway.seen() if s.get("path") == "/slow"])
+        answered: list[httpx.Response] = []
+        # A call that is not streamed, in flight too (its agent takes 2 s).
+        pending = threading.Thread(target=lambda: answered.append(httpx.post(
+            f"{base}/v1/invoke", json={"capability": "slow.op", "input": {}},
+            headers=headers, timeout=30)))
+        pending.start()
+        wait_for(lambda: len([s for s in gateway.seen() if s.get("path") == "/slow"])
+                 > slow_calls, timeout=15, message="the slow call to reach its agent")
         words = " ".join(f"w{i}" for i in range(400))  # 0.05 s a word: 20 s
         with httpx.stream("POST", f"{base}/v1/invoke", timeout=30, json={
                 "capability": "chat.scripted", "stream": True,
-                "input": {"text": f"slowly {words}"}},
-                headers={"Authorization": f"Bearer {gateway.key}"}) as response:
+                "input": {"text": f"slowly {words}"}}, headers=headers) as response:
             assert response.status_code == 200
             request_id = response.headers["x-request-id"]
             chunks = response.iter_bytes()
@@ -48,11 +59,16 @@ def test_a_stream_cut_by_its_gateway_stopping_is_told_and_metered_so(gateway, tm
             except httpx.RemoteProtocolError:
                 pass  # cut: the stream has no end (the error event says why)
         proc.wait(timeout=30)  # (uvicorn re-raises the signal once it has stopped)
+        pending.join(30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert b"event: error" in streamed and b'"service_unavailable"' in streamed
+    # The call that was not streamed gets the one error shape, not uvicorn's bare 500.
+    assert answered[0].status_code == 503, answered[0].text
+    assert answered[0].json()["error"]["code"] == "service_unavailable"
+    assert answered[0].headers["x-should-retry"] == "true"
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
         shipped = [event for _, entry in client.xrange(f"{prefix}usage")

@@ -315,13 +315,18 @@ def test_the_official_mcp_client_lists_and_calls_tools_and_agents(gateway, inven
     async def with_agents(session):
         listed = await session.list_tools()
         called = await session.call_tool("agent__echo_all", {"text": "via mcp"})
-        return listed, called
+        chatted = await session.call_tool("agent__chat_scripted", {"text": "hi chat"})
+        return listed, called, chatted
 
-    listed, called = asyncio.run(session_run(f"{gateway.base}/mcp?agents=true", with_agents))
+    listed, called, chatted = asyncio.run(session_run(f"{gateway.base}/mcp?agents=true",
+                                                      with_agents))
     names = {t.name for t in listed.tools}
     assert {"stock-lookup", "agent__echo_all"} <= names
     assert not called.is_error, called.content
     assert "via mcp" in called.content[0].text
+    # A chat agent's answer is its reply: the text shown, not its empty output ("null").
+    assert not chatted.is_error, chatted.content
+    assert chatted.content[0].text == "ok: hi chat"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -547,7 +547,8 @@ def test_usage_events_filter_by_outcome_capability_agent_time_and_tenant(world):
     assert listed(until=(now - dt.timedelta(days=1)).isoformat(), limit=5) == ["f-old"]
     assert listed(tenant="alpha", outcome="client_cancelled") == ["f-cut"]
     for bad, field in (({"outcom": "success"}, "outcom"), ({"outcome": "fine"}, "outcome"),
-                       ({"since": "yesterday"}, "since")):
+                       ({"since": "yesterday"}, "since"),
+                       ({"outcome": ["success", "client_cancelled"]}, "outcome")):
         refused = client.get("/api/v1/usage/events/", bad)
         assert refused.status_code == 400, refused.content
         assert field in refused.json()["error"]["details"]

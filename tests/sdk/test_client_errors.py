@@ -50,3 +50,52 @@ def test_a_connection_cut_before_the_answer_is_unreachable_but_not_retryable():
         serving.join(5)
     finally:
         listener.close()
+
+
+class Canned:
+    """A server on loopback answering every request with the same bytes, then closing."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.base = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("reply", [
+    # The head, then the body cut short (a gateway killed mid-reply).
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a",
+    # A 200 that is no gateway's answer (a proxy's page, a wrong base URL).
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>",
+])
+def test_an_answer_that_is_not_the_gateways_is_gateway_unreachable_not_retryable(reply):
+    server = Canned(reply)
+    try:
+        with ReachClient(server.base, "rk_x", timeout=2) as reach:
+            with pytest.raises(GatewayUnreachable) as broken:
+                reach.invoke("echo.all", input={})
+            assert broken.value.retryable is False
+            with pytest.raises(GatewayUnreachable):  # a stream that is no event stream
+                list(reach.stream("echo.all", input={}))
+
+        async def twin():
+            async with AsyncReachClient(server.base, "rk_x", timeout=2) as reach:
+                await reach.invoke("echo.all", input={})
+
+        with pytest.raises(GatewayUnreachable):
+            asyncio.run(twin())
+    finally:
+        server.close()

@@ -38,6 +38,8 @@ def sdk_agent(name: str = "sdk-agent") -> tuple[Agent, threading.Event]:
     def counts(input, ctx):
         for i in range(2):
             yield {"i": i}
+        if input.get("report"):
+            yield {"usage": {"input_tokens": 4, "output_tokens": 6}}
 
     @agent.capability("sdk.ask", description="asks for a language")
     def ask(input, ctx):
@@ -122,6 +124,7 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
         # ... and called without a stream, its events read whole are the answer.
         with ReachClient(platform.base, platform.key) as reach:
             whole = reach.invoke("sdk.words", input={"text": "one two"})
+            reported = reach.invoke("sdk.counts", input={"report": True})
         whole_chat = openai.chat.completions.create(
             model="capability:sdk.words", messages=[{"role": "user", "content": "a b"}])
     finally:
@@ -134,6 +137,8 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
     for model, usage in usages.items():
         assert len(usage) == 1 and usage[0].completion_tokens > 0, (model, usage)
     assert whole["output"] == {"events": [{"text": "one"}, {"text": "two"}], "text": "onetwo"}
+    # What its events reported is the reply's usage, as it is what is metered.
+    assert (reported["usage"]["input_tokens"], reported["usage"]["output_tokens"]) == (4, 6)
     assert whole_chat.choices[0].message.content == "ab"
 
     assert reply["output"]["echo"] == {"x": 1} and reply["agent"] == "sdk-agent"
