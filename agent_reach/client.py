@@ -101,7 +101,12 @@ class _Base:
             try:
                 body = response.json()
             except ValueError:
-                body = {"error": {"code": "error", "message": response.text[:300]}}
+                # Not the gateway's error (a proxy's page in between): said as such.
+                raise GatewayUnreachable(response.status_code, {
+                    "code": "gateway_unreachable", "retryable": False,
+                    "message": f"HTTP {response.status_code} that is not the gateway's "
+                               f"answer ({response.headers.get('content-type', 'no type')})"}
+                ) from None
             raise error_from(response.status_code, body, response.headers)
         if not response.content:
             return {}
@@ -116,13 +121,17 @@ class _Base:
             ) from None
 
 
+# The status a streamed error would have had, had it come before the stream began.
+_EVENT_STATUS = {"upstream_timeout": 504, "deadline_exceeded": 504, "service_unavailable": 503,
+                 "overloaded": 503, "upstream_busy": 503}
+
+
 def _event_error(data: bytes) -> ReachError:
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError:
         body = {"error": {"code": "upstream_error", "message": data.decode(errors="replace")}}
-    status = {"upstream_timeout": 504, "deadline_exceeded": 504}.get(
-        (body.get("error") or {}).get("code"), 502)
+    status = _EVENT_STATUS.get((body.get("error") or {}).get("code"), 502)
     return error_from(status, body)
 
 

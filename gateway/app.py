@@ -275,6 +275,9 @@ class GatewayApp:
 
     async def close(self) -> None:
         """Stop the background jobs, close every upstream session and the closers."""
+        if not await self.pipeline.all_metered(CLOSE_JOBS_S):
+            logger.warning("gateway stopping: calls still not metered after %g s; their "
+                           "usage may be lost", CLOSE_JOBS_S)
         tasks, self._tasks = self._tasks or [], []
         for task in tasks:
             task.cancel()
@@ -579,7 +582,7 @@ class GatewayApp:
             raise ReachError("bad_request", "'agents' is true or false, once.")
         with_agents = agents[0] in ("1", "true", "yes")
         return await self.mcp.answer(table, who, raw, with_agents=with_agents,
-                                     request_id=request_id)
+                                     request_id=request_id, scope=scope)
 
     async def _task_doors(self, request_id, scope, receive, send) -> tuple[TaskDoors, int]:
         request = await self._request(request_id, scope, receive, send)

@@ -43,7 +43,8 @@ class McpServer:
         self.pipeline = pipeline
 
     async def answer(self, table: RouteTable, who: ToolCaller, raw: bytes, *,
-                     with_agents: bool, request_id: str) -> tuple[int, bytes | None]:
+                     with_agents: bool, request_id: str,
+                     scope: dict | None = None) -> tuple[int, bytes | None]:
         """The HTTP status and body for one POST: 202 without a body when it held only
         notifications or responses."""
         try:
@@ -57,7 +58,7 @@ class McpServer:
         if isinstance(message, list):  # batches: 2025-03-26 only, and not served here
             return 400, orjson.dumps(_error(None, INVALID_REQUEST, "Send one message per "
                                             "request (JSON-RPC batches are not served)."))
-        reply = await self._one(table, who, message, with_agents, request_id)
+        reply = await self._one(table, who, message, with_agents, request_id, scope)
         if reply is None:
             return 202, None
         # Not a JSON-RPC message at all: the HTTP answer says so too.
@@ -68,7 +69,8 @@ class McpServer:
             return 200, orjson.dumps(_error(reply.get("id"), INTERNAL_ERROR, "The tool's "
                                             "result is nested too deeply to forward."))
 
-    async def _one(self, table, who, message, with_agents: bool, request_id: str):
+    async def _one(self, table, who, message, with_agents: bool, request_id: str,
+                   scope: dict | None = None):
         """The reply to one message; None for a notification or a response. A message
         this server cannot take at all is answered with INVALID_REQUEST (HTTP 400)."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
@@ -104,7 +106,7 @@ class McpServer:
             if not isinstance(name, str):
                 return _error(ident, INVALID_PARAMS, "'name' must name a tool.")
             return await self._call(table, who, ident, name, arguments, with_agents,
-                                    request_id)
+                                    request_id, scope)
         return _error(ident, METHOD_NOT_FOUND, f"Method {str(method)[:100]!r} is not served.")
 
     def _listed(self, table: RouteTable, who: ToolCaller, with_agents: bool) -> list[dict]:
@@ -122,7 +124,7 @@ class McpServer:
         return listed
 
     async def _call(self, table, who, ident, name: str, arguments, with_agents: bool,
-                    request_id: str):
+                    request_id: str, scope: dict | None = None):
         tool = table.tools_by_name.get(name)
         if tool is not None and tool.callable_by(who.tenant_pk, who.agent_pk):
             try:
@@ -137,11 +139,11 @@ class McpServer:
             found = capability_tools(table, who.tenant_pk).get(name)
             if found is not None:
                 return _result(ident, await self._capability(
-                    table, who, found[1].capability_id, arguments, request_id))
+                    table, who, found[1].capability_id, arguments, request_id, scope))
         return _error(ident, INVALID_PARAMS, f"Unknown tool {name[:100]!r}.")
 
     async def _capability(self, table, who, capability_id: str, arguments,
-                          request_id: str) -> dict:
+                          request_id: str, scope: dict | None = None) -> dict:
         """One capability call through the pipeline (routing, limits, budgets, metering),
         as the caller's tenant."""
         if not isinstance(arguments, dict):
@@ -154,12 +156,13 @@ class McpServer:
         try:
             call = doors.invoke_call({"capability": capability_id, "input": arguments},
                                      who.tenant_pk, namespace=None, internal=False)
-            result = await self.pipeline.perform(table, call, ctx)
+            result = await self.pipeline.perform(table, call, ctx, scope=scope)
         except ReachError as error:
             return _failed(error, request_id)
         answer = doors.agent_response(result)
-        # A chat agent's answer is its reply (its output is empty); a plain one's, output.
-        shown = answer["output"] if answer["output"] is not None else answer["reply_content"]
+        # A plain agent's answer is its output; a chat agent's, its reply or tool calls.
+        shown = next((answer[k] for k in ("output", "reply_content", "tool_calls")
+                      if answer[k] is not None), None)
         return {"content": [{"type": "text", "text": as_text(shown)}],
                 "structuredContent": answer, "isError": False}
 

@@ -129,8 +129,8 @@ class Call:
     own events (``finish`` ends them); else events pass as they are.
     ``keep_usage_events``: relay usage-only events (else they are metered and dropped).
     ``usage_event(input, output)``: the caller asked for usage; when the agent streamed
-    none, this event (the gateway's own count, what is metered) goes out before
-    ``[DONE]``.
+    none (or its events are reframed), this event (what is metered: the agent's figures,
+    else the gateway's count) goes out before ``[DONE]``.
     """
 
     route: RouteRequest
@@ -182,6 +182,21 @@ class Pipeline:
         self.usage = usage
         self.idempotency = idempotency_store
         self.idempotency_fail_open = idempotency_fail_open
+        # Calls not metered yet, and an event set whenever there are none: a stopping
+        # gateway waits for them before it stops shipping usage (uvicorn cancels calls
+        # past its drain time and goes on to shut down while they still clean up).
+        self._unmetered = 0
+        self._all_metered = asyncio.Event()
+        self._all_metered.set()
+
+    async def all_metered(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until every call begun has been metered."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._all_metered.wait()
+            return True
+        except TimeoutError:
+            return False
 
     # ---- the stages ---------------------------------------------------------------------
 
@@ -247,10 +262,12 @@ class Pipeline:
                 del request.scope[CANCEL_ON_GONE]
             return metering.outcome
 
-    async def perform(self, table: RouteTable, call: Call, ctx: CallContext) -> Result:
-        """One non-streamed call without an HTTP caller (a task's attempt): route, admit,
-        open (the deadline, the one retry), read, meter. Raises ``ReachError``."""
-        async with self._metered(ctx):
+    async def perform(self, table: RouteTable, call: Call, ctx: CallContext, *,
+                      scope: dict | None = None) -> Result:
+        """One non-streamed call whose door writes its own answer (a task's attempt, an
+        MCP tool call: ``scope``, its HTTP caller's): route, admit, open (the deadline,
+        the one retry), read, meter. Raises ``ReachError``."""
+        async with self._metered(ctx, scope):
             candidate, payload = self._route(table, call, ctx)
             await self._admit(table, call, ctx, candidate, payload)
             route_ms = (time.monotonic() - ctx.started) * 1000
@@ -266,6 +283,8 @@ class Pipeline:
         (``scope``) cancelled while its caller is still there was cut by this gateway
         (stopping past its drain time): ``service_unavailable``, not the caller's doing."""
         metering = _Metering()
+        self._unmetered += 1
+        self._all_metered.clear()
         try:
             yield metering
         except ReachError as error:
@@ -280,7 +299,12 @@ class Pipeline:
             metering.outcome = Outcome.INTERNAL_ERROR
             raise
         finally:
-            await self._meter(ctx, ctx.admission, metering.outcome)
+            try:
+                await self._meter(ctx, ctx.admission, metering.outcome)
+            finally:
+                self._unmetered -= 1
+                if not self._unmetered:
+                    self._all_metered.set()
 
     async def _admit(self, table: RouteTable, call: Call, ctx: CallContext,
                      candidate: Candidate, payload: dict) -> None:
@@ -636,7 +660,9 @@ class Pipeline:
                 raise aiohttp.ClientPayloadError("the stream ended inside an event")
             if reframe is not None and call.finish:
                 finish = call.finish
-                if call.usage_event and not meter.reported and finish.endswith(DONE_EVENT):
+                # Reframed, the agent's own usage events are not relayed: always the
+                # door's usage chunk, with the agent's figures when it reported them.
+                if call.usage_event and finish.endswith(DONE_EVENT):
                     finish = (finish[:-len(DONE_EVENT)] + call.usage_event(*meter.totals())
                               + DONE_EVENT)
                 await send({"type": "http.response.body", "body": finish,

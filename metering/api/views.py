@@ -36,6 +36,8 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
     queryset = UsageEvent.objects.select_related("tenant")
     serializer_class = UsageEventSerializer
     lookup_field = "request_id"
+    # Any request id the gateway accepts (dots included), up to the next slash.
+    lookup_value_regex = "[^/]+"
     # Besides the filters: pagination, and DRF's renderer choice.
     NOT_FILTERS = frozenset({"limit", "offset", "format"})
 

@@ -36,14 +36,23 @@ def test_a_stream_cut_by_its_gateway_stopping_is_told_and_metered_so(gateway, tm
         wait_until_serving(base, proc)
         headers = {"Authorization": f"Bearer {gateway.key}"}
         slow_calls = len([s for s in gateway.seen() if s.get("path") == "/slow"])
-        answered: list[httpx.Response] = []
-        # A call that is not streamed, in flight too (its agent takes 2 s).
-        pending = threading.Thread(target=lambda: answered.append(httpx.post(
-            f"{base}/v1/invoke", json={"capability": "slow.op", "input": {}},
-            headers=headers, timeout=30)))
-        pending.start()
+        answered: dict[str, httpx.Response] = {}
+
+        def slow(name: str, **extra: str) -> None:
+            answered[name] = httpx.post(
+                f"{base}/v1/invoke", json={"capability": "slow.op", "input": {}},
+                headers=headers | {"X-Request-ID": f"stop-{name}", **extra}, timeout=30)
+
+        # Calls that are not streamed, in flight too (their agent takes 2 s): one with an
+        # Idempotency-Key (its cleanup takes a Redis round trip after the cut: it must
+        # still be metered before the gateway stops shipping usage).
+        pending = [threading.Thread(target=slow, args=("plain",)),
+                   threading.Thread(target=slow, args=("keyed",),
+                                    kwargs={"Idempotency-Key": f"stop-{uuid.uuid4().hex}"})]
+        for thread in pending:
+            thread.start()
         wait_for(lambda: len([s for s in gateway.seen() if s.get("path") == "/slow"])
-                 > slow_calls, timeout=15, message="the slow call to reach its agent")
+                 >= slow_calls + 2, timeout=15, message="the slow calls to reach their agent")
         words = " ".join(f"w{i}" for i in range(400))  # 0.05 s a word: 20 s
         with httpx.stream("POST", f"{base}/v1/invoke", timeout=30, json={
                 "capability": "chat.scripted", "stream": True,
@@ -59,16 +68,18 @@ def test_a_stream_cut_by_its_gateway_stopping_is_told_and_metered_so(gateway, tm
             except httpx.RemoteProtocolError:
                 pass  # cut: the stream has no end (the error event says why)
         proc.wait(timeout=30)  # (uvicorn re-raises the signal once it has stopped)
-        pending.join(30)
+        for thread in pending:
+            thread.join(30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert b"event: error" in streamed and b'"service_unavailable"' in streamed
-    # The call that was not streamed gets the one error shape, not uvicorn's bare 500.
-    assert answered[0].status_code == 503, answered[0].text
-    assert answered[0].json()["error"]["code"] == "service_unavailable"
-    assert answered[0].headers["x-should-retry"] == "true"
+    # The calls that were not streamed get the one error shape, not uvicorn's bare 500.
+    for reply in answered.values():
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["code"] == "service_unavailable"
+        assert reply.headers["x-should-retry"] == "true"
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
         shipped = [event for _, entry in client.xrange(f"{prefix}usage")
@@ -77,5 +88,6 @@ def test_a_stream_cut_by_its_gateway_stopping_is_told_and_metered_so(gateway, tm
     finally:
         client.close()
     # Shipped as the process stopped: the call, metered as the platform's failure.
-    assert [e["outcome"] for e in shipped if e["request_id"] == request_id] == [
-        "service_unavailable"]
+    for call in (request_id, "stop-plain", "stop-keyed"):
+        assert [e["outcome"] for e in shipped if e["request_id"] == call] == [
+            "service_unavailable"], call

@@ -534,6 +534,8 @@ def test_usage_events_filter_by_outcome_capability_agent_time_and_tenant(world):
                                   capability=capability, occurred_at=when)
     UsageEvent.objects.create(request_id="f-theirs", tenant=world.tenant_b, outcome="success",
                               occurred_at=now)
+    UsageEvent.objects.create(request_id="r.dot:1", tenant=world.tenant_a, outcome="upstream_error",
+                              occurred_at=now - dt.timedelta(days=3))
     client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
 
     def listed(**params) -> list[str]:
@@ -544,7 +546,8 @@ def test_usage_events_filter_by_outcome_capability_agent_time_and_tenant(world):
     assert listed(outcome="success") == ["f-ok", "f-old"]
     assert listed(capability="translate.text", agent="alpha-translator") == ["f-ok", "f-old"]
     assert listed(since=(now - dt.timedelta(days=1)).isoformat()) == ["f-cut", "f-ok"]
-    assert listed(until=(now - dt.timedelta(days=1)).isoformat(), limit=5) == ["f-old"]
+    assert listed(until=(now - dt.timedelta(days=1)).isoformat(), limit=5) == [
+        "f-old", "r.dot:1"]
     assert listed(tenant="alpha", outcome="client_cancelled") == ["f-cut"]
     for bad, field in (({"outcom": "success"}, "outcom"), ({"outcome": "fine"}, "outcome"),
                        ({"since": "yesterday"}, "since"),
@@ -553,6 +556,8 @@ def test_usage_events_filter_by_outcome_capability_agent_time_and_tenant(world):
         assert refused.status_code == 400, refused.content
         assert field in refused.json()["error"]["details"]
     assert client.get("/api/v1/usage/", {"tenant": "beta"}).status_code == 404
+    # Any request id the gateway accepts is found by it, dots included.
+    assert client.get("/api/v1/usage/events/r.dot:1/").json()["request_id"] == "r.dot:1"
 
 
 # ---- errors by reason ------------------------------------------------------------------

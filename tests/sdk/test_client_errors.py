@@ -80,6 +80,8 @@ class Canned:
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a",
     # A 200 that is no gateway's answer (a proxy's page, a wrong base URL).
     b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>",
+    # A proxy's own error page: not a refusal of the gateway's.
+    b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>",
 ])
 def test_an_answer_that_is_not_the_gateways_is_gateway_unreachable_not_retryable(reply):
     server = Canned(reply)

@@ -38,7 +38,7 @@ def sdk_agent(name: str = "sdk-agent") -> tuple[Agent, threading.Event]:
     def counts(input, ctx):
         for i in range(2):
             yield {"i": i}
-        if input.get("report"):
+        if input.get("report") or input.get("text") == "report":
             yield {"usage": {"input_tokens": 4, "output_tokens": 6}}
 
     @agent.capability("sdk.ask", description="asks for a language")
@@ -121,6 +121,10 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
             model=model, stream=True, stream_options={"include_usage": True},
             messages=[{"role": "user", "content": "one two three"}]) if c.usage]
             for model in ("sdk-chat", "capability:sdk.counts")}
+        # ... and a plain generator's own usage event reaches the caller in chat shape.
+        reported_chunks = [c.usage for c in openai.chat.completions.create(
+            model="capability:sdk.counts", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "report"}]) if c.usage]
         # ... and called without a stream, its events read whole are the answer.
         with ReachClient(platform.base, platform.key) as reach:
             whole = reach.invoke("sdk.words", input={"text": "one two"})
@@ -136,6 +140,7 @@ def test_an_sdk_agent_registers_serves_heartbeats_and_is_called(platform):
     assert counted == ['{"i":0}', '{"i":1}']
     for model, usage in usages.items():
         assert len(usage) == 1 and usage[0].completion_tokens > 0, (model, usage)
+    assert [(u.prompt_tokens, u.completion_tokens) for u in reported_chunks] == [(4, 6)]
     assert whole["output"] == {"events": [{"text": "one"}, {"text": "two"}], "text": "onetwo"}
     # What its events reported is the reply's usage, as it is what is metered.
     assert (reported["usage"]["input_tokens"], reported["usage"]["output_tokens"]) == (4, 6)
