@@ -726,8 +726,9 @@ class Pipeline:
                 stopping = ReachError("service_unavailable", "This gateway is stopping; "
                                       "send the call again.")
                 with contextlib.suppress(Exception):
+                    # Whole, so the caller's client reads the event and a complete reply.
                     await send({"type": "http.response.body",
-                                "body": stopping.sse_event(ctx.request_id), "more_body": True})
+                                "body": stopping.sse_event(ctx.request_id)})
             raise
         finally:
             watching.cancel()
