@@ -55,9 +55,6 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
             raise exceptions.ValidationError({name: [
                 f"not a filter of usage events; use {', '.join(sorted(accepted))}"]
                 for name in unknown[:10]})
-        repeated = [name for name in accepted if len(self.request.query_params.getlist(name)) > 1]
-        if repeated:  # one value each: the last silently winning reads as both applied
-            raise exceptions.ValidationError({name: ["give it once"] for name in repeated})
         query = _validated(UsageEventQuerySerializer, self.request)
         if "tenant" in query:
             queryset = queryset.filter(tenant_id__in=_scope(self.request, query["tenant"]))
@@ -93,6 +90,11 @@ class UsageDailyViewSet(TenantScopedReadOnlyViewSet):
 def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
     # A plain dict, not the QueryDict: DRF reads a blank form value of an optional field
     # as "not sent", so ``?tenant=`` would report on every tenant instead of being a 400.
+    # One value each: the last silently winning reads as both applied.
+    repeated = [name for name in request.query_params
+                if len(request.query_params.getlist(name)) > 1]
+    if repeated:
+        raise exceptions.ValidationError({name: ["give it once"] for name in repeated[:10]})
     query = serializer_class(data=request.query_params.dict())
     query.is_valid(raise_exception=True)
     return dict(query.validated_data)

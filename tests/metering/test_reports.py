@@ -281,6 +281,15 @@ def test_another_tenant_by_name_is_not_found(usage, alpha_client):
 
 
 @pytest.mark.django_db
+def test_a_report_parameter_given_twice_is_refused_not_last_one_wins(usage, alpha_client):
+    for url in ("/api/v1/usage/report/", "/api/v1/usage/report.csv",
+                "/api/v1/usage/allocation/"):
+        response = alpha_client.get(url, {**PERIOD, "tenant": ["alpha", "beta"]})
+        assert response.status_code == 400, url
+        assert response.json()["error"]["details"] == {"tenant": ["give it once"]}
+
+
+@pytest.mark.django_db
 def test_superuser_reads_every_tenant_and_can_narrow_to_one(usage, api):
     api.force_login(usage.world.superuser)
     body = rest_report(api, group_by="tenant")
