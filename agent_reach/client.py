@@ -102,11 +102,7 @@ class _Base:
                 body = response.json()
             except ValueError:
                 # Not the gateway's error (a proxy's page in between): said as such.
-                raise GatewayUnreachable(response.status_code, {
-                    "code": "gateway_unreachable", "retryable": False,
-                    "message": f"HTTP {response.status_code} that is not the gateway's "
-                               f"answer ({response.headers.get('content-type', 'no type')})"}
-                ) from None
+                raise _not_the_gateways(response, "error") from None
             raise error_from(response.status_code, body, response.headers)
         if not response.content:
             return {}
@@ -114,11 +110,7 @@ class _Base:
             return response.json()
         except ValueError:
             # Not the gateway's answer (a proxy's page in between, a wrong base URL).
-            raise GatewayUnreachable(response.status_code, {
-                "code": "gateway_unreachable", "retryable": False,
-                "message": "the answer is not the gateway's JSON "
-                           f"({response.headers.get('content-type', 'no content type')})"}
-            ) from None
+            raise _not_the_gateways(response, "JSON") from None
 
 
 # The status a streamed error would have had, had it come before the stream began.
@@ -169,11 +161,16 @@ def _decoded(name: str, data: bytes):
 
 def _require_events(response: httpx.Response) -> None:
     """A stream's answer is an event stream; anything else is not the gateway's."""
-    kind = response.headers.get("content-type", "")
-    if not kind.startswith("text/event-stream"):
-        raise GatewayUnreachable(response.status_code, {
-            "code": "gateway_unreachable", "retryable": False,
-            "message": f"the answer is not the gateway's event stream ({kind or 'no type'})"})
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        raise _not_the_gateways(response, "event stream")
+
+
+def _not_the_gateways(response: httpx.Response, what: str) -> GatewayUnreachable:
+    """An answer that is not the gateway's ``what`` (it may have run: not retryable)."""
+    kind = response.headers.get("content-type") or "no content type"
+    return GatewayUnreachable(response.status_code, {
+        "code": "gateway_unreachable", "retryable": False,
+        "message": f"HTTP {response.status_code} that is not the gateway's {what} ({kind})"})
 
 
 def _unreachable(exc: httpx.TransportError) -> GatewayUnreachable:

@@ -648,7 +648,7 @@ class Pipeline:
                         continue
                     if usage_only and not call.keep_usage_events:
                         continue
-                    if data == DONE and call.usage_event and not meter.reported:
+                    if call.usage_event and data == DONE and not meter.reported:
                         out.append(call.usage_event(*meter.totals()))
                     out.append(event)
                 if out:
