@@ -193,8 +193,8 @@ def pinned(command: list[str], cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu), *command]
 
 
-def wait_port(port: int, proc: subprocess.Popen, name: str) -> None:
-    deadline = time.monotonic() + 60
+def wait_port(port: int, proc: subprocess.Popen, name: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{name} exited with {proc.returncode}")

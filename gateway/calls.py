@@ -382,7 +382,7 @@ class Caller:
             upstream.response.release()
             upstream.done()
         self._record(instance.pk, ok=True, started=upstream.started)
-        UPSTREAM_LATENCY.labels(upstream.candidate.agent.protocol).observe(
+        _upstream_timer(upstream.candidate.agent.protocol).observe(
             time.monotonic() - upstream.started)
         if upstream.response.status == 202 and not body.strip():
             ctx.reported = (0, 0)
@@ -445,3 +445,15 @@ class Caller:
         """``ok`` None: the stream ended for a reason that says nothing of the agent."""
         if ok is not None:
             self._record(upstream.candidate.instance.pk, ok=ok, started=upstream.started)
+
+
+_UPSTREAM_TIMERS: dict[str, object] = {}
+
+
+def _upstream_timer(protocol: str):
+    """The upstream-latency histogram of one protocol, looked up in prometheus_client once
+    (a lookup there takes a lock and builds a tuple on every call)."""
+    timer = _UPSTREAM_TIMERS.get(protocol)
+    if timer is None:
+        timer = _UPSTREAM_TIMERS[protocol] = UPSTREAM_LATENCY.labels(protocol)
+    return timer

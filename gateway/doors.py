@@ -21,6 +21,7 @@ import orjson
 from gateway.http_io import dumps_reply, parse_json
 from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message, suggested
 from reach_core.errors import ReachError
+from reach_core.numbers import rounded
 from routing.router import RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
 
@@ -124,9 +125,9 @@ def agent_response(result: Result) -> dict:
         "raw_meta": reply.raw_meta,
         "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
                   "cost": result.cost()},
-        "timings": {"route_ms": round(result.route_ms, 3),
-                    "upstream_ms": round(total_ms - result.route_ms, 3),
-                    "total_ms": round(total_ms, 3)},
+        "timings": {"route_ms": rounded(result.route_ms, 3),
+                    "upstream_ms": rounded(total_ms - result.route_ms, 3),
+                    "total_ms": rounded(total_ms, 3)},
         # An intent of several steps: this call ran the first; the caller runs the rest.
         **plan,
     }

@@ -22,6 +22,7 @@ from gateway.metrics import (
     STREAM_FIRST_BYTE,
 )
 from reach_core.kinds import reason_of
+from reach_core.numbers import rounded
 
 logger = logging.getLogger("reach.calls")
 
@@ -79,7 +80,7 @@ def _log(ctx: CallContext, outcome: str, reason: str, agent: str, capability: st
     def moment(at: float | None) -> float | None:
         # Epoch seconds to the microsecond: formatting four ISO dates cost more than the
         # rest of the line (the line's own "time" is ISO).
-        return None if at is None else round(ctx.entered_at + (at - ctx.started), 6)
+        return None if at is None else rounded(ctx.entered_at + (at - ctx.started), 6)
 
     call = {
         "event": "call", "request_id": ctx.request_id, "tenant": ctx.tenant_slug,
@@ -88,9 +89,9 @@ def _log(ctx: CallContext, outcome: str, reason: str, agent: str, capability: st
         "outcome": outcome, "reason": reason,
         "entered_at": moment(ctx.started), "routed_at": moment(ctx.routed),
         "answered_at": moment(ctx.answered), "returned_at": moment(returned),
-        "duration_ms": round((returned - ctx.started) * 1000, 3),
+        "duration_ms": rounded((returned - ctx.started) * 1000, 3),
         "attempts": list(ctx.attempts), "retried": len(ctx.attempts) > 1,
-        "route_score": round(candidate.score, 4) if candidate is not None else None,
+        "route_score": rounded(candidate.score, 4) if candidate is not None else None,
         "intent": ctx.intent, "budget_ms": ctx.budget_ms or None,
     }
     where = f" {capability} via {agent} #{call['instance']}" if capability else ""

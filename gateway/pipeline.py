@@ -75,6 +75,7 @@ from reach_core import requestid
 from reach_core.endpoints import EndpointRefused, resolve_and_check_target
 from reach_core.errors import ReachError, kind_of
 from reach_core.kinds import CapabilityKind, Outcome
+from reach_core.numbers import rounded
 from routing.router import Candidate, Router, RouteRequest, capability_visible
 from routing.table import ApiKeyEntry, RouteTable
 
@@ -779,7 +780,7 @@ class Pipeline:
             "latency_ms": int((time.monotonic() - ctx.started) * 1000),
             "occurred_at": time.time(),
             "retries": max(0, len(ctx.attempts) - 1),
-            "route_score": round(candidate.score, 4) if candidate is not None else None,
+            "route_score": rounded(candidate.score, 4) if candidate is not None else None,
             "route_ms": _ms(ctx.started, ctx.routed),
             "upstream_ms": _ms(ctx.sent, ctx.answered),
             "first_byte_ms": _ms(ctx.started, ctx.first_byte),
@@ -798,7 +799,7 @@ def _refuse_if_taken(outcome: idempotency.Outcome, lease_s: float) -> None:
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
-    return round((end - start) * 1000, 3) if start is not None and end is not None else None
+    return rounded((end - start) * 1000, 3) if start is not None and end is not None else None
 
 
 MAX_OUTPUT_CEILING = 10_000_000
@@ -847,8 +848,8 @@ def _code_of(body: bytes) -> str:
 
 def cost(candidate: Candidate, input_tokens: int, output_tokens: int) -> float:
     agent = candidate.agent
-    return round(agent.price_per_call + input_tokens / 1000 * agent.price_input_per_1k
-                 + output_tokens / 1000 * agent.price_output_per_1k, 6)
+    return rounded(agent.price_per_call + input_tokens / 1000 * agent.price_input_per_1k
+                   + output_tokens / 1000 * agent.price_output_per_1k, 6)
 
 
 def deadline_header(request: Request) -> int | None:
