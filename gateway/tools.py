@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote
 
 import aiohttp
@@ -325,10 +326,34 @@ def _timed_out(caller_bound: bool, budget_ms: int) -> ReachError:
 
 def _redacted(raw: bytes, secret: str | None) -> bytes:
     """The answer without the tool's secret, should the service echo it back (a URL
-    with the key in its query, a header dump): replaced in the bytes, before parsing."""
+    with the key in its query, a header dump): replaced in the bytes, before parsing,
+    in every form an echo takes (``_echoes``)."""
     if not secret or len(secret) < 4:
         return raw
-    return raw.replace(secret.encode(), b"[redacted]")
+    return _echoes(secret).sub(b"[redacted]", raw)
+
+
+@lru_cache(maxsize=256)
+def _echoes(secret: str) -> re.Pattern[bytes]:
+    """The secret as a service may echo it: as sent, percent-encoded (as the gateway
+    sends it in a query, or any other way, in either hex case, ``+`` for a space),
+    JSON-escaped (``\\"``, ``\\/``, ``\\uXXXX``), or any mix of these, character by
+    character (a break test read a base64 key back from ``api_key=AbC%2BdEf...`` and a
+    header value from its JSON escape)."""
+    forms = []
+    for char in secret:
+        utf8 = char.encode()
+        ways = {re.escape(utf8),
+                b"(?i:" + b"".join(b"%%%02x" % byte for byte in utf8) + b")"}
+        escaped = json.dumps(char).encode()[1:-1]
+        if escaped != utf8:
+            ways.add(b"(?i:" + re.escape(escaped) + b")")
+        if char == " ":
+            ways.add(re.escape(b"+"))
+        elif char == "/":
+            ways.add(re.escape(b"\\/"))
+        forms.append(b"(?:" + b"|".join(sorted(ways)) + b")")
+    return re.compile(b"".join(forms))
 
 
 class _Retryable(Exception):

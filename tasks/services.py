@@ -412,6 +412,9 @@ def tasks_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
                 claim="").first()
             if task is None:
                 continue
+            # The lost attempt's own usage event died with its worker: it is stored
+            # here, in this transaction, so the attempt is metered once either way.
+            _lost_attempt_store(task, now)
             if task.attempts >= settings.TASK_MAX_ATTEMPTS:
                 _settle(task, TaskState.FAILED, now, error={
                     "code": "worker_lost", "message": f"the worker running it was lost "
@@ -438,6 +441,27 @@ def tasks_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     if counts["requeued"]:
         doorbell.ring()
     return counts
+
+
+def _lost_attempt_store(task: Task, now: dt.datetime) -> None:
+    """The usage event of the attempt a lost worker was running: ``worker_lost``, with
+    what the task knows of it (the agent and instance it ran on, when known). Its id
+    names the task and the attempt, so it is stored once however often it is made."""
+    # Here, not at the top: the gateway process imports this module (its task store)
+    # without the metering app, and only the control plane's sweep stores usage.
+    from metering.ingest import usage_events_store
+    from registry.models import Capability
+
+    capability = None
+    if task.agent_id is not None and task.capability:
+        capability = Capability.objects.filter(
+            agent_id=task.agent_id, capability_id=task.capability).values_list(
+            "pk", flat=True).first()
+    usage_events_store([{
+        "event_id": f"task-{task.pk}-attempt-{task.attempts}-lost",
+        "request_id": task.request_id, "tenant": task.tenant_id, "agent": task.agent_id,
+        "capability": capability, "instance": task.instance_id, "outcome": "worker_lost",
+        "occurred_at": now.timestamp()}])
 
 
 # ---- callback deliveries --------------------------------------------------------------

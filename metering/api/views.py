@@ -49,13 +49,7 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
         queryset = super().filter_queryset(queryset)
         if self.action != "list":
             return queryset
-        accepted = set(UsageEventQuerySerializer().fields)
-        unknown = sorted(set(self.request.query_params) - accepted - self.NOT_FILTERS)
-        if unknown:
-            raise exceptions.ValidationError({name: [
-                f"not a filter of usage events; use {', '.join(sorted(accepted))}"]
-                for name in unknown[:10]})
-        query = _validated(UsageEventQuerySerializer, self.request)
+        query = _validated(UsageEventQuerySerializer, self.request, also=self.NOT_FILTERS)
         if "tenant" in query:
             queryset = queryset.filter(tenant_id__in=_scope(self.request, query["tenant"]))
         if "outcome" in query:
@@ -87,7 +81,17 @@ class UsageDailyViewSet(TenantScopedReadOnlyViewSet):
     serializer_class = UsageDailySerializer
 
 
-def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
+def _validated(serializer_class: type, request: Request,
+               also: frozenset[str] = frozenset({"format"})) -> dict[str, Any]:
+    """The query parameters, checked: each known (a filter silently ignored, ``tz=`` or a
+    misspelt ``tenat=``, reads as one applied; ``also`` names the non-filters, such as
+    DRF's ``format``), each given once, each valid."""
+    accepted = set(serializer_class().fields)
+    unknown = sorted(set(request.query_params) - accepted - also)
+    if unknown:
+        raise exceptions.ValidationError({name: [
+            f"not a parameter here; use {', '.join(sorted(accepted))}"]
+            for name in unknown[:10]})
     # A plain dict, not the QueryDict: DRF reads a blank form value of an optional field
     # as "not sent", so ``?tenant=`` would report on every tenant instead of being a 400.
     # One value each: the last silently winning reads as both applied.

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -473,6 +474,23 @@ def test_what_the_break_test_found_stays_fixed(gateway):
         echoed = tool_call(gateway.base, token, {}, name="echo-query")
         assert echoed.status_code == 200 and SECRET not in echoed.text
         assert "[redacted]" in echoed.text
+        # Nor when the echo encodes it: percent-encoded in the query (a base64 key's
+        # + and =), JSON-escaped in a header dump (a break test read both back).
+        encoded = {"echo-b64": ("query", "AbC+dEf/GhI9kLm=" + uuid.uuid4().hex[:6]),
+                   "echo-quote": ("header", 'k3y"with\\quote' + uuid.uuid4().hex[:6])}
+        for name, (kind, secret) in encoded.items():
+            tool_save(tool=Tool(owner_tenant=gateway.tenant, name=name, description="d",
+                                url_template=echo.url + "/echo", auth_kind=kind,
+                                auth_field_name="token" if kind == "query" else "X-Api-Key"),
+                      secret=secret)
+            wait_for_tool(gateway.base, token, name=name)
+            reply = tool_call(gateway.base, token, {}, name=name)
+            assert reply.status_code == 200, reply.text
+            result = reply.json()["result"]
+            readable = [unquote(result["path"]), *map(str, result["headers"].values())]
+            assert not any(secret in text for text in readable), readable
+            assert "[redacted]" in reply.text
+        assert any("AbC" in hit for hit in echo.hits)  # it was sent, and echoed
         # A long answer comes whole.
         big = tool_call(gateway.base, token, {}, name="big").json()
         assert len(big["result"]["items"]) == 3000

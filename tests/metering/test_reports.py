@@ -287,6 +287,13 @@ def test_a_report_parameter_given_twice_is_refused_not_last_one_wins(usage, alph
         response = alpha_client.get(url, {**PERIOD, "tenant": ["alpha", "beta"]})
         assert response.status_code == 400, url
         assert response.json()["error"]["details"] == {"tenant": ["give it once"]}
+    # Nor is a parameter a report does not know ignored (a time zone it would not apply,
+    # a misspelt filter): a break test got the whole report for "tz=Europe/Paris".
+    for url in ("/api/v1/usage/report/", "/api/v1/usage/report.csv",
+                "/api/v1/usage/allocation/", "/api/v1/usage/tools/"):
+        response = alpha_client.get(url, {**PERIOD, "tz": "Europe/Paris", "tenat": "beta"})
+        assert response.status_code == 400, url
+        assert set(response.json()["error"]["details"]) == {"tz", "tenat"}, url
 
 
 @pytest.mark.django_db

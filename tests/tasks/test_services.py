@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from metering.models import UsageEvent
 from tasks.models import CallbackDelivery, Task
 from tasks.services import (
     Outcome,
@@ -148,6 +149,17 @@ def test_the_sweep_hands_on_lapsed_claims_fails_the_lost_and_the_late():
                        outcome=Outcome(state="completed")) is False
     (again,) = task_claim(worker="w2", limit=5, now=later)
     assert again.task.pk == claims[0].task.pk and again.task.attempts == 2
+    # Each lost attempt is metered (its worker's own event died with it), once: a
+    # break test found tasks failed as worker_lost with no usage row at all.
+    lost_events = UsageEvent.objects.filter(outcome="worker_lost")
+    assert sorted(lost_events.values_list("request_id", "tenant_id")) == [
+        ("r0", tenant.pk), ("r1", tenant.pk)]
+    # Lost again: the second attempt is metered too; a sweep that finds nothing new
+    # stores nothing.
+    much_later = later + dt.timedelta(seconds=settings.TASK_LEASE_S + 1)
+    assert tasks_sweep(now=much_later)["requeued"] == 1
+    tasks_sweep(now=much_later)
+    assert sorted(lost_events.values_list("request_id", flat=True)) == ["r0", "r0", "r1"]
 
 
 @pytest.mark.django_db
