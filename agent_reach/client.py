@@ -107,10 +107,13 @@ class _Base:
         if not response.content:
             return {}
         try:
-            return response.json()
+            body = response.json()
         except ValueError:
             # Not the gateway's answer (a proxy's page in between, a wrong base URL).
             raise _not_the_gateways(response, "JSON") from None
+        if not isinstance(body, dict):  # every answer of the gateway's is an object
+            raise _not_the_gateways(response, "JSON object")
+        return body
 
 
 # The status a streamed error would have had, had it come before the stream began.

@@ -139,6 +139,8 @@ class Validators:
             self._cache[id(schema)] = cached
         problems: dict[str, list[str]] = {}
         try:
+            if cached[1] is None:  # its checks would multiply (``validator_for``)
+                raise ValueError("schema too costly to check")
             errors = list(cached[1].iter_errors(instance))
         except Exception:  # a schema registered before it was checked (a remote $ref...)
             return {"$": ["cannot be checked: the schema is not usable (see its registration)"]}

@@ -41,11 +41,12 @@ class Credentials:
         self._secret = lru_cache(maxsize=4096)(self._decrypt)
         self._ssl = lru_cache(maxsize=256)(self._ssl_context)
         self._env_refusal = lru_cache(maxsize=1024)(
-            lambda name: refusal(name, env_patterns))
+            lambda name, owner: refusal(name, env_patterns, owner))
 
-    def _lent(self, name: str) -> str:
-        """``name`` if a credential may read it from this gateway's environment."""
-        why = self._env_refusal(name)
+    def _lent(self, name: str, owner: str) -> str:
+        """``name`` if a credential of the tenant ``owner`` (its slug) may read it from
+        this gateway's environment."""
+        why = self._env_refusal(name, owner)
         if why is not None:
             raise ReachError("service_unavailable", f"A downstream credential cannot be "
                              f"used here: {why}")
@@ -97,20 +98,23 @@ class Credentials:
         context.load_cert_chain(cert, self._file(key) if key else None)
         return context
 
-    def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
-        """A client context for mTLS (cached): a credential's, or a tool's."""
+    def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str,
+                   owner: str) -> ssl.SSLContext:
+        """A client context for mTLS (cached): a credential's, or a tool's, of the tenant
+        ``owner`` (its slug)."""
         try:
-            return self._ssl(cert, key, key_env and self._lent(key_env), ca_file)
+            return self._ssl(cert, key, key_env and self._lent(key_env, owner), ca_file)
         except (ssl.SSLError, OSError, ValueError):
             # Missing or non-PEM files, a key that does not fit: the operator's to fix.
             # Which file, and why, stays out of the caller's answer (host paths).
             raise ReachError("service_unavailable", "A client certificate for this call "
                              "cannot be loaded in this gateway.") from None
 
-    def secret(self, entry) -> str | None:
-        """The secret of a credential (or of a tool: the same two fields)."""
+    def secret(self, entry, owner: str) -> str | None:
+        """The secret of a credential (or of a tool: the same two fields) of the tenant
+        ``owner`` (its slug)."""
         if entry.value_env:
-            return os.environ.get(self._lent(entry.value_env))
+            return os.environ.get(self._lent(entry.value_env, owner))
         if entry.secret_ciphertext:
             return self._secret(entry.secret_ciphertext)
         return None
@@ -121,11 +125,12 @@ class Credentials:
         SSL context when one is an mTLS client certificate."""
         context = None
         for entry in table.credentials_for(tenant_pk, agent_pk):
+            owner = table.tenants[tenant_pk].slug if tenant_pk in table.tenants else ""
             if entry.kind == "mtls":
                 context = self.client_ssl(entry.client_cert_path, entry.client_key_path,
-                                          entry.value_env, entry.ca_file)
+                                          entry.value_env, entry.ca_file, owner)
                 continue
-            value = self.secret(entry)
+            value = self.secret(entry, owner)
             if not value:
                 # An operator's business (the variable is unset in this gateway), not a
                 # failure of the gateway's own: 503, and the caller is not to blame.

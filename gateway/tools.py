@@ -161,7 +161,9 @@ class ToolDoors:
         try:
             if callable(arguments):
                 arguments = await arguments()
-            result = await self._call(who, tool, arguments, deadline_ms)
+            owner = table.tenants.get(tool.owner_tenant_pk)
+            result = await self._call(who, tool, arguments, deadline_ms,
+                                      owner.slug if owner is not None else "")
             outcome, status = "success", result["status"]
             return {"request_id": request_id, "tool": tool.name, **result}
         except ReachError as error:
@@ -174,7 +176,7 @@ class ToolDoors:
             self._audit(who, tool, arguments, request_id, outcome, status, started)
 
     async def _call(self, who: ToolCaller, tool: ToolEntry, arguments,
-                    deadline_ms: int | None) -> dict:
+                    deadline_ms: int | None, owner: str) -> dict:
         if not isinstance(arguments, dict):
             raise ReachError("invalid_input", "'arguments' must be a JSON object.",
                              details={"arguments": ["must be an object"]})
@@ -194,7 +196,7 @@ class ToolDoors:
         headers = {"accept": "application/json"}
         if body is not None:
             headers["content-type"] = "application/json"
-        ssl_context, secret = self._authenticate_upstream(tool, headers, query)
+        ssl_context, secret = self._authenticate_upstream(tool, headers, query, owner)
         attempts = 0
         while True:
             attempts += 1
@@ -243,16 +245,17 @@ class ToolDoors:
                              f"retry after {verdict.retry_after_s:g} s.",
                              retry_after=max(1, math.ceil(verdict.retry_after_s)))
 
-    def _authenticate_upstream(self, tool: ToolEntry, headers: dict, query: dict):
-        """The tool's credential, applied here and nowhere else: ``(an mTLS context or
-        None, the secret sent or None)``."""
+    def _authenticate_upstream(self, tool: ToolEntry, headers: dict, query: dict,
+                               owner: str):
+        """The tool's credential (its owner's, the tenant with slug ``owner``), applied
+        here and nowhere else: ``(an mTLS context or None, the secret sent or None)``."""
         if tool.auth_kind == "none":
             return None, None
         credentials = self.caller.credentials
         if tool.auth_kind == "mtls":
             return credentials.client_ssl(tool.client_cert_path, tool.client_key_path,
-                                          tool.value_env, tool.ca_file), None
-        secret = credentials.secret(tool)
+                                          tool.value_env, tool.ca_file, owner), None
+        secret = credentials.secret(tool, owner)
         if not secret:
             raise ReachError("service_unavailable", f"The tool {tool.name!r} has no secret "
                              "configured in this gateway.")

@@ -7,6 +7,15 @@ name any variable would have the gateway send it, as a header, to the tenant's o
 agent. So a name is lent only when it matches one of the operator's patterns
 (``REACH_CREDENTIAL_ENV``, default ``DOWNSTREAM_*``), and the platform's own settings
 are never lent, whatever the patterns say.
+
+A plain pattern lends its names to every tenant that can register a credential: fit for
+tenants of one organisation that share their downstream services. Between tenants that
+must not read each other's secrets, ``{tenant}`` in a pattern stands for the owning
+tenant's slug in capitals, ``-`` as ``_`` (``DOWNSTREAM_{tenant}__*``: tenant
+``cloud-sales`` may name ``DOWNSTREAM_CLOUD_SALES__TOKEN``, tenant ``cloud`` may not).
+Only slugs of lower-case letters and digits in parts joined by single hyphens take
+part, so no tenant's names can be another's (``a_b`` and ``a-b`` would both be
+``A_B``).
 """
 
 from __future__ import annotations
@@ -20,14 +29,26 @@ NEVER = ("REACH_*", "DATABASE_URL", "REDIS_URL", "CELERY_*", "DJANGO_*", "PROMET
 _NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
-def refusal(name: str, patterns: tuple[str, ...] | list[str]) -> str | None:
-    """Why ``name`` may not be used as a tenant's ``value_env``; None when it may."""
+_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def refusal(name: str, patterns: tuple[str, ...] | list[str], tenant: str = "") -> str | None:
+    """Why ``name`` may not be used as ``value_env`` by a credential of the tenant whose
+    slug is ``tenant``; None when it may."""
     if not _NAME.fullmatch(name):
         return "Must be an environment variable name (A-Z, 0-9, _)."
     if any(fnmatchcase(name, pattern) for pattern in NEVER):
         return f"{name} is one of the platform's own settings, never lent to a credential."
-    if not any(fnmatchcase(name, pattern) for pattern in patterns):
+    if not any(fnmatchcase(name, own) for own in _owned(patterns, tenant)):
         lent = ", ".join(patterns) or "none"
         return (f"{name} is not among the environment variables this platform lends to "
                 f"credentials ({lent}; its operator sets them with REACH_CREDENTIAL_ENV).")
     return None
+
+
+def _owned(patterns: tuple[str, ...] | list[str], tenant: str) -> list[str]:
+    """The patterns with ``{tenant}`` filled in for this tenant (left out where its slug
+    cannot stand in a name unambiguously)."""
+    name = tenant.upper().replace("-", "_") if _SLUG.fullmatch(tenant) else None
+    return [pattern.replace("{tenant}", name) if "{tenant}" in pattern else pattern
+            for pattern in patterns if name is not None or "{tenant}" not in pattern]

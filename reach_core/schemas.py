@@ -6,13 +6,17 @@ A capability's or a tool's schema comes from whoever registered it. Checked as g
 ``(a+)+$`` would hold the process for minutes on a 31-character input (Python's ``re``
 backtracks, and keeps the GIL). Here references resolve only inside the schema, and
 every pattern (``pattern``, ``patternProperties``, and the patterns deciding
-``additionalProperties``) runs in the ``regex`` engine with a time limit.
+``additionalProperties``) runs in the ``regex`` engine with a time limit. And a schema
+whose references multiply (``d1: anyOf [$ref d0, $ref d0]``, ``d2: anyOf [$ref d1,
+$ref d1]``, ...: 1 KB that checks one value 2^N times) is refused: no value may be
+checked against more than ``MAX_CHECKS_PER_VALUE`` subschemas (``checks_per_value``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import regex
 from jsonschema import Draft202012Validator, ValidationError, validators
@@ -21,6 +25,10 @@ from referencing import Registry
 from referencing.exceptions import NoSuchResource
 
 PATTERN_TIMEOUT_S = 0.05
+# The most subschemas one value of the input may be checked against, references
+# followed: far above what hand-written schemas need (a few dozen), far below what
+# holds the event loop (a break test: 2^25 through 25 nested anyOf pairs froze it).
+MAX_CHECKS_PER_VALUE = 1_000
 
 
 def _no_retrieval(uri: str):
@@ -86,6 +94,11 @@ SafeValidator = validators.extend(Draft202012Validator, {
 
 
 def validator_for(schema: dict) -> Any:
+    """A validator of ``schema``; None for one that may check a value against more than
+    ``MAX_CHECKS_PER_VALUE`` subschemas (stored before that was refused, or an agent's)."""
+    checks = checks_per_value(schema)
+    if checks is None or checks > MAX_CHECKS_PER_VALUE:
+        return None
     return SafeValidator(schema, registry=LOCAL_ONLY)
 
 
@@ -99,6 +112,11 @@ def schema_problems(schema: Any) -> list[str]:
     except SchemaError as exc:
         return [f"is not a valid JSON Schema: {exc.message}"]
     problems = []
+    checks = checks_per_value(schema)
+    if checks is None or checks > MAX_CHECKS_PER_VALUE:
+        problems.append(f"checks one value against more than {MAX_CHECKS_PER_VALUE} "
+                        "subschemas (references that multiply, or that refer back to "
+                        "themselves without descending into the value)")
     for key, value in _walk(schema):
         if key == "$ref" and isinstance(value, str) and not value.startswith("#"):
             problems.append(f"$ref {value[:100]!r} points outside the schema: only "
@@ -129,3 +147,92 @@ def _walk(value, depth: int = 0):
     elif isinstance(value, list):
         for item in value:
             yield from _walk(item, depth + 1)
+
+
+# Keywords whose subschemas apply to the same value as the schema holding them; the
+# others (properties, items, ...) apply to a part of it, and ``$defs`` to nothing.
+_SAME_VALUE_LISTS = ("allOf", "anyOf", "oneOf")
+_SAME_VALUE_ONE = ("not", "if", "then", "else")
+_CHILD_ONE = ("items", "additionalItems", "additionalProperties", "contains", "propertyNames",
+              "unevaluatedItems", "unevaluatedProperties")
+_CHILD_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def checks_per_value(schema: Any) -> int | None:
+    """The most subschemas any one value is checked against under ``schema``, local
+    references followed (None: a reference cycle that never descends into the value, or
+    a chain too deep to follow). Linear in the schema's size: each subschema's count is
+    worked out once."""
+    counts: dict[int, int | None] = {}
+    busy: set[int] = set()
+
+    def count(node: Any, depth: int) -> int | None:
+        if not isinstance(node, dict):
+            return 1
+        key = id(node)
+        if key in counts:
+            return counts[key]
+        if key in busy or depth > 200:
+            return None
+        busy.add(key)
+        total = 1
+        same = [node.get(k) for k in _SAME_VALUE_ONE]
+        for k in _SAME_VALUE_LISTS:
+            if isinstance(node.get(k), list):
+                same += node[k]
+        if isinstance(node.get("dependentSchemas"), dict):
+            same += node["dependentSchemas"].values()
+        for k in ("$ref", "$dynamicRef"):
+            if isinstance(node.get(k), str):
+                same.append(_local_target(schema, node[k]))
+        for sub in same:
+            if sub is None:
+                continue
+            found = count(sub, depth + 1)
+            if found is None:
+                total = None
+                break
+            total += found
+        busy.discard(key)
+        counts[key] = total
+        return total
+
+    most = 0
+    pending = [schema]
+    seen: set[int] = set()
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        found = count(node, 0)
+        if found is None:
+            return None
+        most = max(most, found)
+        pending += [node.get(k) for k in (*_CHILD_ONE, *_SAME_VALUE_ONE)]
+        for k in (*_SAME_VALUE_LISTS, "prefixItems"):
+            if isinstance(node.get(k), list):
+                pending += node[k]
+        for k in (*_CHILD_MAPS, "dependentSchemas"):
+            if isinstance(node.get(k), dict):
+                pending += node[k].values()
+    return most
+
+
+def _local_target(root: dict, ref: str) -> Any:
+    """What a ``#...`` reference points to in ``root`` (None if it points nowhere or out
+    of the schema, which ``schema_problems`` refuses on its own)."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node

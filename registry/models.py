@@ -26,6 +26,8 @@ from registry.choices import (
 )
 from registry.spec import MAX_HINT_CHARS, MAX_HINTS
 
+AGENT_PATH = RegexValidator(r"\A/\S*\Z", "Must start with / and hold no spaces.")
+
 capability_id_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_.\-]{0,127}$",
     "Lower-case letters, digits, '.', '_' and '-', starting with a letter or digit.",
@@ -109,12 +111,18 @@ class Agent(models.Model):
     price_per_call = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
     pool_max_connections = models.PositiveIntegerField(default=64)
     pool_idle_seconds = models.PositiveIntegerField(default=90)
-    heartbeat_interval_seconds = models.PositiveIntegerField(default=10)
+    # A day at most: a lease is a promise that a silent instance soon stops getting calls.
+    heartbeat_interval_seconds = models.PositiveIntegerField(
+        default=10, validators=[MinValueValidator(1), MaxValueValidator(86_400)])
     lease_ttl_seconds = models.PositiveIntegerField(
-        default=30, help_text="An instance without a heartbeat for this long becomes unknown."
+        default=30, validators=[MinValueValidator(1), MaxValueValidator(86_400)],
+        help_text="An instance without a heartbeat for this long becomes unknown."
     )
+    # Paths on the agent's own host: a change through the API is held to what a
+    # descriptor may say (a break test PATCHed "@169.254.169.254/..." in).
     probe_path = models.CharField(
-        max_length=200, default="/healthz", help_text="Path the active health probe GETs."
+        max_length=200, default="/healthz", validators=[AGENT_PATH],
+        help_text="Path the active health probe GETs."
     )
     # The last descriptor as its author sent it (secrets are refused there, so none
     # is stored): informational fields live only here, and GET shows the source.
@@ -197,7 +205,7 @@ class Capability(models.Model):
     # Plain-HTTP agents: request template and response mapping (envelope unwrapping).
     adapter = models.JSONField(default=dict, blank=True)
     # Path on the instance, always POSTed to; "" means the protocol's default.
-    path = models.CharField(max_length=300, blank=True)
+    path = models.CharField(max_length=300, blank=True, validators=[AGENT_PATH])
     timeout_ms = models.PositiveIntegerField(default=30_000, validators=[MinValueValidator(1)])
     qps = models.PositiveIntegerField(null=True, blank=True)
     burst = models.PositiveIntegerField(null=True, blank=True)

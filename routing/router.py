@@ -301,6 +301,26 @@ def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
 _INVISIBLE = frozenset({"not_granted", "namespace"})
 
 
+def _trusted_first(table: RouteTable, tenant_pk: int, kept: list, capability_id: str,
+                   dropped: list | None) -> list:
+    """``kept`` without other tenants' public agents while one of the caller's own or
+    granted agents can take the call: a public agent is a fallback, never a rival the
+    caller did not choose (a break test: a tenant published a public agent under another
+    tenant's capability id with weight 1000 and took that tenant's calls, inputs and
+    all). Only when none of its own can take it does a public one get the call."""
+    trusted = [r for r in kept if r.agent.owner_tenant_pk == tenant_pk
+               or _granted(table, tenant_pk, r.agent, r.capability)]
+    if not trusted or len(trusted) == len(kept):
+        return kept
+    if dropped is not None:
+        chosen = {id(r) for r in trusted}
+        dropped.extend(Dropped(r.agent.name, capability_id, "not_own",
+                               "another tenant's public agent: the tenant's own and granted "
+                               "agents first", r.instance.pk)
+                       for r in kept if id(r) not in chosen)
+    return trusted
+
+
 def visible_to(table: RouteTable, tenant_pk: int, agent: AgentEntry,
                capability: CapabilityEntry) -> bool:
     """Whether a tenant may know the agent exists: it owns it, holds a grant, or it is public."""
@@ -602,6 +622,9 @@ class Router:
                 # private agent is never named, not even as dropped.
                 dropped.append(Dropped(agent.name, capability_id, reason[0], reason[1],
                                        row.instance.pk if row.instance else None))
+        if len(kept) > 1:
+            kept = _trusted_first(table, request.tenant_pk, kept, capability_id,
+                                  dropped if explain else None)
         if len(kept) > 1:
             kept = self._prefer_answering(kept, capability_id, dropped if explain else None)
         if not kept:

@@ -240,7 +240,9 @@ class Credential(models.Model):
             self.client_cert_path and (self.client_key_path or self.value_env)
         ):
             errors["client_cert_path"] = "mTLS needs a certificate and a key (file or value_env)."
-        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
+        owner = self.tenant.slug if self.tenant_id else ""
+        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV,
+                                                 owner)
         if why:
             errors["value_env"] = why
         errors.update(filerefs.problems(self, settings.CREDENTIAL_FILES))

@@ -109,7 +109,9 @@ class Tool(models.Model):
             problems["auth_field_name"] = f"is needed for {self.auth_kind} authentication"
         if self.auth_kind == "mtls" and not self.client_cert_path:
             problems["client_cert_path"] = "is needed for mTLS"
-        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV)
+        owner = self.owner_tenant.slug if self.owner_tenant_id else ""
+        why = self.value_env and envrefs.refusal(self.value_env, settings.CREDENTIAL_ENV,
+                                                 owner)
         if why:
             problems["value_env"] = why
         problems.update(filerefs.problems(self, settings.CREDENTIAL_FILES))

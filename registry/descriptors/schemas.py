@@ -37,6 +37,7 @@ LANGUAGE_PATTERN = _exact(_LANG)
 DIRECTION_PATTERN = _exact(f"{_LANG}->{_LANG}")
 URL_PATTERN = _exact(r"https?://[^\s/?#]+(?:[/?#]\S*)?")
 PATH_PATTERN = _exact(r"/\S*")
+MAX_LEASE_TTL_S = 86_400
 # Seconds as a number or with a unit: 90, "90s", "1500ms", "2m", "1h".
 DURATION_PATTERN = _exact(r"[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h)?")
 ENV_PATTERN = _exact(r"[A-Z_][A-Z0-9_]{0,127}")
@@ -115,9 +116,12 @@ _DEFS: dict[str, Any] = {
     "env": {"type": "string", "pattern": ENV_PATTERN},
     "file": {"type": "string", "minLength": 1, "maxLength": 500},
     "rate_limit": _closed({"qps": _ref("positive_int"), "burst": _ref("positive_int")}),
+    # A lease is a promise that a silent instance stops getting calls soon: a day at most
+    # (a break test registered a 31-year lease, an instance that could never lapse).
     "liveness": _closed({
-        "ttl_seconds": _ref("positive_int"),
-        "heartbeat_interval_seconds": _ref("positive_int"),
+        "ttl_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_LEASE_TTL_S},
+        "heartbeat_interval_seconds": {"type": "integer", "minimum": 1,
+                                       "maximum": MAX_LEASE_TTL_S},
     }),
     # How the gateway authenticates to the agent. Secrets are never written here: only
     # the names of environment variables (and file paths) the gateway reads.

@@ -78,7 +78,7 @@ def test_client_certificates_that_cannot_be_loaded_are_a_503_naming_no_path(tmp_
     not_pem.write_text("not a certificate")
     for cert, key in ((str(not_pem), str(not_pem)), (str(tmp_path / "missing.pem"), "")):
         with pytest.raises(ReachError) as refused:
-            Credentials((), files=str(tmp_path)).client_ssl(cert, key, "", "")
+            Credentials((), files=str(tmp_path)).client_ssl(cert, key, "", "", "acme")
         assert refused.value.code == "service_unavailable"
         assert str(tmp_path) not in refused.value.message
 
@@ -122,18 +122,62 @@ def test_the_gateway_reads_certificate_files_only_inside_its_directory(tmp_path)
     (certs / "escape.key").symlink_to(outside_key)
     credentials = Credentials((), files=str(certs))
 
-    assert isinstance(credentials.client_ssl(cert, key, "", cert), ssl.SSLContext)
+    assert isinstance(credentials.client_ssl(cert, key, "", cert, "acme"), ssl.SSLContext)
     for paths in ((outside_cert, outside_key, ""), (cert, str(certs / "escape.key"), ""),
                   (cert, str(certs / ".." / "host-service" / "client.key"), ""),
                   (cert, key, outside_cert)):
         with pytest.raises(ReachError) as refused:
-            credentials.client_ssl(*paths[:2], "", paths[2])
+            credentials.client_ssl(*paths[:2], "", paths[2], "acme")
         assert refused.value.code == "service_unavailable"
         assert str(tmp_path) not in refused.value.message
     with pytest.raises(ReachError):  # an operator who lends no directory lends no file
-        Credentials((), files="").client_ssl(cert, key, "", "")
+        Credentials((), files="").client_ssl(cert, key, "", "", "acme")
     # A FIFO inside the directory would block the load, and every call waiting on it.
     os.mkfifo(certs / "blocking.key")
     with pytest.raises(ReachError) as blocked:
-        credentials.client_ssl(cert, str(certs / "blocking.key"), "", "")
+        credentials.client_ssl(cert, str(certs / "blocking.key"), "", "", "acme")
     assert "not a regular file" in blocked.value.message
+
+
+@pytest.mark.gateway_env(REACH_CREDENTIAL_ENV="DOWNSTREAM_{tenant}__*",
+                         DOWNSTREAM_OTHERCO__TOKEN="otherco-secret-77")
+def test_a_gateway_reads_a_tenants_own_names_only(gateway):
+    """With names lent per tenant, a row naming another tenant's variable (saved past the
+    API's check) is refused by the gateway itself: 503, the agent not called, the secret
+    nowhere (a break test had another tenant's secret sent to its own agent)."""
+    from registry.models import Agent
+    from tenants.models import Credential
+
+    agent = Agent.objects.get(name="scripted")
+    calls_before = len(gateway.seen())
+    # save() without full_clean(): past the API's check, as by an older version.
+    Credential(tenant=gateway.tenant, agent=agent, kind="header", field_name="X-Stolen",
+               value_env="DOWNSTREAM_OTHERCO__TOKEN").save()
+    wait_for(lambda: _invoke(gateway).status_code != 200, timeout=15)
+    response = _invoke(gateway)
+    assert response.status_code == 503, response.text
+    assert "otherco-secret-77" not in response.text
+    assert all("otherco-secret-77" not in str(seen) for seen in gateway.seen())
+    assert len(gateway.seen()) == calls_before
+
+
+def test_names_lent_per_tenant_reach_their_tenant_in_the_gateway(monkeypatch):
+    import types
+
+    from gateway.credentials import Credentials
+    from reach_core.errors import ReachError
+    from routing.table import CredentialEntry, RouteTable, TenantEntry
+
+    monkeypatch.setenv("DOWNSTREAM_ACME__TOKEN", "acme-secret")
+    credentials = Credentials((), env_patterns=("DOWNSTREAM_{tenant}__*",))
+    table = RouteTable(version=1, tenants=types.MappingProxyType({
+        1: TenantEntry(pk=1, slug="acme"), 2: TenantEntry(pk=2, slug="globex")}),
+        credentials={n: CredentialEntry(pk=n, tenant_pk=n, agent_pk=9, kind="header",
+                                        field_name="X-K", value_env="DOWNSTREAM_ACME__TOKEN")
+                     for n in (1, 2)}).indexed()
+    headers: dict[str, str] = {}
+    credentials.apply(table, 1, 9, headers, {})
+    assert headers == {"x-k": "acme-secret"}
+    with pytest.raises(ReachError) as refused:
+        credentials.apply(table, 2, 9, {}, {})
+    assert refused.value.code == "service_unavailable"

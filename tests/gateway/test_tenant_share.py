@@ -167,3 +167,50 @@ def test_the_intent_cpu_bucket_refills_at_its_rate():
     cpu.charge(1, 1)
     with pytest.raises(ReachError):
         cpu.check(1)
+
+
+def multiplying_schema(levels: int) -> dict:
+    """1 KB that checks one value 2^levels times: each level an anyOf of two references
+    to the level below (a break test froze a gateway with 25 levels)."""
+    defs: dict = {"d0": {"type": "integer"}}
+    for n in range(1, levels + 1):
+        defs[f"d{n}"] = {"anyOf": [{"$ref": f"#/$defs/d{n - 1}"}] * 2}
+    return {"type": "object", "$defs": defs,
+            "properties": {"x": {"$ref": f"#/$defs/d{levels}"}}}
+
+
+def test_a_schema_whose_checks_multiply_is_refused_and_stalls_nobody(scripted):
+    """Refused at registration (``schema_problems``); one already in the table (stored
+    before that check) is not used for checking: the call is refused at once, another
+    tenant's call at the same moment is served."""
+    from reach_core.schemas import schema_problems
+    from tests.support.inprocess import agent, capability
+
+    bomb = multiplying_schema(30)
+    (problem,) = schema_problems(bomb)
+    assert "more than 1000 subschemas" in problem
+    # A recursive schema descends into the value at each turn: not refused.
+    tree = {"$defs": {"node": {"type": "object", "properties": {
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+        "$ref": "#/$defs/node"}
+    assert schema_problems(tree) == []
+
+    table, acme, globex = two_tenants(scripted.endpoint)
+    stored = agent("bomb", scripted.endpoint,
+                   capability("bomb.op", path="/echo", input_schema=bomb))
+    table = dataclasses.replace(
+        table, agents=types.MappingProxyType({**table.agents, stored.pk: stored})).indexed()
+
+    async def scenario():
+        async with in_process(table, acme) as gw:
+            bombed = asyncio.ensure_future(gw.client.post(
+                "/v1/invoke", json={"capability": "bomb.op", "input": {"x": "no"}},
+                headers={"Authorization": f"Bearer {acme}"}))
+            served = await call(gw.client, globex, "echo.all")
+            # Bounded so that the old behaviour (2^30 checks) fails instead of hanging.
+            return await asyncio.wait_for(bombed, 60), served
+
+    bombed, served = asyncio.run(scenario())
+    assert bombed.status_code == 400, bombed.text
+    assert "not usable" in bombed.text
+    assert served.status_code == 200, served.text

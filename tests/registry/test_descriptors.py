@@ -180,6 +180,22 @@ def test_input_schema_must_be_a_valid_json_schema() -> None:
     assert problems["capabilities[1].output_schema"][0].startswith("not a valid JSON Schema: ")
 
 
+def test_a_schema_whose_checks_multiply_is_refused() -> None:
+    """25 levels of ``anyOf`` pairs of references: 1 KB that would check one value 2^25
+    times in the gateway (a break test froze one; registration had answered 201)."""
+    defs: dict[str, Any] = {"d0": {"type": "integer"}}
+    for n in range(1, 26):
+        defs[f"d{n}"] = {"anyOf": [{"$ref": f"#/$defs/d{n - 1}"}] * 2}
+    bomb = {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d25"}}}
+    body = _descriptor(capabilities=[{"id": "a", "input_schema": bomb},
+                                     {"id": "b", "output_schema": bomb}])
+
+    problems = _problems(parse_json_descriptor, body)
+
+    for field in ("capabilities[0].input_schema", "capabilities[1].output_schema"):
+        assert "more than 1000 subschemas" in problems[field][0], problems
+
+
 def test_non_object_body_is_reported_at_the_root() -> None:
     assert _problems(parse_json_descriptor, ["not", "a", "descriptor"]) == {
         "$": ["must be an object"]

@@ -290,3 +290,35 @@ def test_registering_by_agent_card_url_fetches_the_card(registrar):
         "translate.text", "summarize.text"}
     assert missing.status_code == 400 and "card_url" in missing.json()["error"]["details"]
     assert refused.status_code == 400 and "card_url" in refused.json()["error"]["details"]
+
+
+@pytest.mark.django_db
+def test_a_patch_is_held_to_what_a_descriptor_may_say(registrar, world):
+    """Paths must start with / and leases are a day at most, whether registered or
+    changed later through the API (a break test PATCHed "@169.254.169.254/latest" in
+    as a capability path and registered a 31-year lease)."""
+    body = json.loads((EXAMPLES / "translator.json").read_text())
+    body["liveness"] = {"ttl_seconds": 1_000_000_000, "heartbeat_interval_seconds": 10}
+    refused = register(registrar, body)
+    assert refused.status_code == 400
+    assert "liveness.ttl_seconds" in refused.json()["error"]["details"]
+
+    manage = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
+    capability = factories.capability(agent=world.agent_a, path="/translate")
+    before = (capability.path, world.agent_a.probe_path, world.agent_a.lease_ttl_seconds)
+    for url, change in ((f"/api/v1/capabilities/{capability.pk}/",
+                         {"path": "@169.254.169.254/latest"}),
+                        (f"/api/v1/agents/{world.agent_a.pk}/",
+                         {"probe_path": "@127.0.0.1:19104/pwned"}),
+                        (f"/api/v1/agents/{world.agent_a.pk}/",
+                         {"lease_ttl_seconds": 1_000_000_000})):
+        reply = manage.patch(url, change, format="json")
+        assert reply.status_code == 400, (url, change, reply.content)
+        assert set(reply.json()["error"]["details"]) == set(change)
+    capability.refresh_from_db()
+    world.agent_a.refresh_from_db()
+    assert (capability.path, world.agent_a.probe_path,
+            world.agent_a.lease_ttl_seconds) == before
+    fine = manage.patch(f"/api/v1/capabilities/{capability.pk}/", {"path": "/v2/translate"},
+                        format="json")
+    assert fine.status_code == 200, fine.content

@@ -242,3 +242,25 @@ def test_a_dry_run_explains_every_component_and_does_not_advance_the_balancer():
     first_real = router.route(t, request()).chosen.instance.pk
     fresh = Router().route(t, request()).chosen.instance.pk
     assert first_real == fresh  # the dry run left the cycle where it was
+
+
+def test_the_tenants_own_agents_come_before_another_tenants_public_one():
+    """A public agent of another tenant under the same capability id, weighted 10x, gets
+    none of the caller's calls while the caller's own agent can take them, and all of
+    them once it cannot (a break test: such an agent took another tenant's calls)."""
+    mine, theirs = agent("mine"), agent("shadow", owner=2, visibility="public", weight=1000)
+    router = Router()
+    picks = Counter(router.route(table(mine, theirs), request()).chosen.agent.name
+                    for _ in range(50))
+    assert picks == {"mine": 50}
+    explained = router.route(table(mine, theirs), request(), pick=False)
+    assert reasons(explained) == {"shadow": "not_own"}
+    # The owner of the public agent still reaches its own, and a grant counts as own.
+    assert router.route(table(mine, theirs), request(tenant_pk=2)).chosen.agent.name == \
+        "shadow"
+    granted = table(mine, theirs, grants=(grant(1, agent_pk=theirs.pk),))
+    assert {router.route(granted, request()).chosen.agent.name for _ in range(40)} == {
+        "mine", "shadow"}
+    # Its own agent down: the public one is the fallback.
+    down = agent("mine", instances=(inst(state="offline"),))
+    assert router.route(table(down, theirs), request()).chosen.agent.name == "shadow"

@@ -80,6 +80,9 @@ class Canned:
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a",
     # A 200 that is no gateway's answer (a proxy's page, a wrong base URL).
     b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>",
+    # JSON, but not an object: every answer of the gateway's is one (a break test got
+    # the [] back as the call's result).
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
     # A proxy's own error page: not a refusal of the gateway's.
     b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>",
 ])

@@ -116,6 +116,35 @@ def test_a_credential_may_name_only_the_variables_lent_to_tenants(world, name):
 
 
 @pytest.mark.django_db
+def test_names_lent_per_tenant_are_that_tenants_alone(world):
+    """``{tenant}`` in REACH_CREDENTIAL_ENV lends each tenant only its own names: a
+    break test had tenant beta's agent sent a secret lent (to everybody) for alpha."""
+    from reach_core.envrefs import refusal
+
+    def create(tenant, name: str):
+        agent = factories.agent(owner=tenant)
+        client = key_client(factories.api_key(tenant=tenant).plaintext)
+        return client.post("/api/v1/credentials/", {
+            "agent": agent.pk, "kind": "header", "field_name": "X-Lent",
+            "value_env": name}, format="json")
+
+    alpha = world.tenant_a.slug.upper().replace("-", "_")
+    with override_settings(CREDENTIAL_ENV=["DOWNSTREAM_{tenant}__*"]):
+        assert create(world.tenant_a, f"DOWNSTREAM_{alpha}__TOKEN").status_code == 201
+        stolen = create(world.tenant_b, f"DOWNSTREAM_{alpha}__TOKEN")
+        assert stolen.status_code == 400, stolen.content
+        assert "value_env" in stolen.json()["error"]["details"]
+        assert create(world.tenant_b, "DOWNSTREAM_SHARED").status_code == 400
+    patterns = ["DOWNSTREAM_{tenant}__*", "SHARED_*"]
+    assert refusal("DOWNSTREAM_CLOUD_SALES__TOKEN", patterns, "cloud-sales") is None
+    assert refusal("DOWNSTREAM_CLOUD_SALES__TOKEN", patterns, "cloud") is not None
+    assert refusal("DOWNSTREAM_CLOUD__TOKEN", patterns, "cloud-sales") is not None
+    # A slug that would not name its tenant alone takes no part (a_b and a-b: A_B).
+    assert refusal("DOWNSTREAM_A_B__TOKEN", patterns, "a_b") is not None
+    assert refusal("SHARED_TOKEN", patterns, "a_b") is None  # plain patterns: everybody's
+
+
+@pytest.mark.django_db
 def test_a_credential_without_a_value_is_refused_when_created(world):
     client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
     response = client.post("/api/v1/credentials/", {
