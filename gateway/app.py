@@ -593,8 +593,8 @@ class GatewayApp:
 
     async def _task_list(self, request_id, scope, receive, send) -> str:
         doors_, tenant = await self._task_doors(request_id, scope, receive, send)
-        query = {k: v[-1] for k, v in parse_qs(
-            scope.get("query_string", b"").decode("latin-1")).items()}
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
+                         keep_blank_values=True)
         await send_json(send, 200, await doors_.list(tenant, query), request_id)
         return Outcome.SUCCESS
 

@@ -94,6 +94,9 @@ class TaskOutcome:
     reached_agent: bool = True
 
 
+LIST_PARAMETERS = ("state", "limit", "offset")
+
+
 class TaskStore(Protocol):
     """The task table. Every method raises ``ReachError`` for what the caller must hear
     (``not_found``, ``conflict``, ``idempotency_key_reused``, ``service_unavailable``)."""
@@ -151,7 +154,18 @@ class TaskDoors:
     async def get(self, tenant_pk: int, task_id: str) -> dict:
         return await self.store.get(tenant_pk, task_id)
 
-    async def list(self, tenant_pk: int, query: dict) -> dict:
+    async def list(self, tenant_pk: int, given: dict[str, list[str]]) -> dict:
+        """A page of the tenant's tasks. ``given``: the query's parameters, each a list of
+        its values; one not known, or given twice, is a 400 (a filter silently ignored,
+        or the last of two winning, reads as one applied)."""
+        odd = {name: ["not a parameter here; use state, limit, offset"]
+               for name in given if name not in LIST_PARAMETERS}
+        odd.update({name: ["give it once"] for name, values in given.items()
+                    if name in LIST_PARAMETERS and len(values) > 1})
+        if odd:
+            raise ReachError("invalid_input", f"Unusable query parameters: "
+                             f"{', '.join(sorted(odd))}.", details=odd)
+        query = {name: values[0] for name, values in given.items()}
         state = query.get("state")
         if state is not None and state not in TASK_STATES:
             raise ReachError("invalid_input", "'state' must be one of "

@@ -317,6 +317,9 @@ def test_tasks_are_the_tenants_own_and_bad_requests_are_clear(platform):
             "sync callback": client.post("/v1/invoke", json={
                 "capability": "work.do", "input": {}, "callback_url": "http://127.0.0.1:9/"}),
             "state filter": client.get("/v1/tasks", params={"state": "done"}),
+            # Not ignored, and not the last one winning (a break test: both were).
+            "unknown filter": client.get("/v1/tasks", params={"sate": "completed"}),
+            "state twice": client.get("/v1/tasks", params={"state": ["completed", "failed"]}),
             "API state filter": client.get("/api/v1/tasks/", params={"state": "done"},
                                            headers={"Authorization":
                                                     f"Bearer {platform.manage_key}"}),
