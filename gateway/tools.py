@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import math
 import re
 import time
@@ -43,6 +44,8 @@ from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
 from routing.table import RouteTable, ToolEntry
+
+call_log = logging.getLogger("reach.calls")
 
 AGENT_TOKEN_MARK = "rat_"  # noqa: S105  (the agent tokens' prefix, not a secret)
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -173,7 +176,7 @@ class ToolDoors:
             outcome = "client_cancelled"
             raise
         finally:
-            self._audit(who, tool, arguments, request_id, outcome, status, started)
+            self._audit(who, tool, arguments, request_id, outcome, status, started, table)
 
     async def _call(self, who: ToolCaller, tool: ToolEntry, arguments,
                     deadline_ms: int | None, owner: str) -> dict:
@@ -303,10 +306,19 @@ class ToolDoors:
             slot.release()
 
     def _audit(self, who: ToolCaller, tool: ToolEntry, arguments, request_id: str,
-               outcome: str, status: int | None, started: float) -> None:
+               outcome: str, status: int | None, started: float, table: RouteTable) -> None:
         seconds = self._clock() - started
         TOOL_CALLS.labels(tool.name, outcome).inc()
         TOOL_CALL_DURATION.labels(tool.name).observe(seconds)
+        if call_log.isEnabledFor(logging.INFO):  # a call through the gateway: its line too
+            tenant = table.tenants.get(who.tenant_pk)
+            call_log.info("tool call %s %s in %.1f ms", outcome, tool.name, seconds * 1000,
+                          extra={"call": {
+                              "event": "tool_call", "request_id": request_id,
+                              "tenant": tenant.slug if tenant is not None else None,
+                              "tool": tool.name, "caller_agent": who.agent_pk,
+                              "outcome": outcome, "upstream_status": status,
+                              "duration_ms": round(seconds * 1000, 3)}})
         if self.usage is None:
             return
         self.usage.emit({

@@ -427,7 +427,7 @@ class Echoing:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_what_the_break_test_found_stays_fixed(gateway):
+def test_what_the_break_test_found_stays_fixed(gateway, tmp_path):
     """Schemas that fetch or backtrack, dot segments, echoed secrets, long answers, one
     caller starving the others, deep nesting and half-made grants."""
     from reach_core.schemas import schema_problems
@@ -474,6 +474,11 @@ def test_what_the_break_test_found_stays_fixed(gateway):
         echoed = tool_call(gateway.base, token, {}, name="echo-query")
         assert echoed.status_code == 200 and SECRET not in echoed.text
         assert "[redacted]" in echoed.text
+        # A tool call is a call through the gateway: it writes its reach.calls line.
+        wait_for(lambda: any("tool call success echo-query" in line and
+                             echoed.json()["request_id"] in line
+                             for line in (tmp_path / "gw.log").read_text().splitlines()),
+                 timeout=10, message="the tool call's log line")
         # Nor when the echo encodes it: percent-encoded in the query (a base64 key's
         # + and =), JSON-escaped in a header dump (a break test read both back).
         encoded = {"echo-b64": ("query", "AbC+dEf/GhI9kLm=" + uuid.uuid4().hex[:6]),
