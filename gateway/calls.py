@@ -33,7 +33,7 @@ from gateway.upstream import (
     upload_tracker,
 )
 from reach_core.errors import ReachError
-from reach_core.schemas import validator_for
+from reach_core.schemas import MAX_CHECKS_PER_CALL, checks_per_value, parts_of, validator_for
 from routing.router import Candidate, Feedback
 from routing.table import CapabilityEntry, RouteTable
 
@@ -122,6 +122,9 @@ def refusal(status: int) -> ReachError:
     return ReachError("upstream_refused", f"the agent refused the call (HTTP {status})")
 
 
+UNUSABLE = "cannot be checked: the schema is not usable (see its registration)"
+
+
 class Validators:
     """Compiled JSON Schema validators, one per schema object in the table."""
 
@@ -133,17 +136,24 @@ class Validators:
             return {}
         cached = self._cache.get(id(schema))
         if cached is None or cached[0] is not schema:
-            cached = (schema, validator_for(thaw(schema)))
+            plain = thaw(schema)
+            cached = (schema, validator_for(plain), checks_per_value(plain) or 1)
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[id(schema)] = cached
+        if cached[1] is None:  # its checks would multiply (``validator_for``)
+            return {"$": [UNUSABLE]}
+        # Checking runs on the event loop: its cost is bounded before it starts.
+        most = MAX_CHECKS_PER_CALL // cached[2]
+        if parts_of(instance, most) > most:
+            return {"$": [f"too large to check against this schema: more than {most} "
+                          f"values (this schema checks each against up to {cached[2]} "
+                          "subschemas)"]}
         problems: dict[str, list[str]] = {}
         try:
-            if cached[1] is None:  # its checks would multiply (``validator_for``)
-                raise ValueError("schema too costly to check")
             errors = list(cached[1].iter_errors(instance))
         except Exception:  # a schema registered before it was checked (a remote $ref...)
-            return {"$": ["cannot be checked: the schema is not usable (see its registration)"]}
+            return {"$": [UNUSABLE]}
         for error in errors:
             where = list(error.absolute_path)
             if error.validator == "required":

@@ -17,6 +17,7 @@ open the tool's breaker, never the calling agent's: its router score is untouche
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -350,25 +351,45 @@ def _redacted(raw: bytes, secret: str | None) -> bytes:
 
 @lru_cache(maxsize=256)
 def _echoes(secret: str) -> re.Pattern[bytes]:
-    """The secret as a service may echo it: as sent, percent-encoded (as the gateway
-    sends it in a query, or any other way, in either hex case, ``+`` for a space),
-    JSON-escaped (``\\"``, ``\\/``, ``\\uXXXX``), or any mix of these, character by
-    character (a break test read a base64 key back from ``api_key=AbC%2BdEf...`` and a
-    header value from its JSON escape)."""
+    """The secret as a service may echo it: whole as base64 (either alphabet, padded or
+    not) or hex, or character by character as sent, percent-encoded once or twice
+    (either hex case, ``+`` for a space), JSON-escaped once or twice (a header dump
+    inside a JSON string: ``\\\"``, ``\\u00e9``, ``\\/``), as an HTML entity, or any
+    mix of these. Break tests read a base64 key back from ``api_key=AbC%2BdEf...``, and
+    a header value from a JSON dump nested in a JSON string."""
+    utf8 = secret.encode()
+    whole = {base64.b64encode(utf8), base64.urlsafe_b64encode(utf8), utf8.hex().encode()}
+    whole |= {form.rstrip(b"=") for form in whole}
     forms = []
     for char in secret:
-        utf8 = char.encode()
-        ways = {re.escape(utf8),
-                b"(?i:" + b"".join(b"%%%02x" % byte for byte in utf8) + b")"}
-        escaped = json.dumps(char).encode()[1:-1]
-        if escaped != utf8:
-            ways.add(b"(?i:" + re.escape(escaped) + b")")
-        if char == " ":
-            ways.add(re.escape(b"+"))
-        elif char == "/":
-            ways.add(re.escape(b"\\/"))
-        forms.append(b"(?:" + b"|".join(sorted(ways)) + b")")
-    return re.compile(b"".join(forms))
+        forms.append(b"(?:" + b"|".join(sorted(_char_echoes(char))) + b")")
+    return re.compile(b"|".join([b"".join(forms), *(re.escape(w) for w in sorted(whole))]))
+
+
+def _char_echoes(char: str) -> set[bytes]:
+    utf8 = char.encode()
+    percent = b"".join(b"%%%02x" % byte for byte in utf8)
+    escaped = {json.dumps(char).encode()[1:-1],
+               "".join(f"\\u{unit:04x}" for unit in _utf16(char)).encode()}
+    if char == "/":
+        escaped.add(b"\\/")
+    escaped |= {json.dumps(form.decode()).encode()[1:-1] for form in escaped}  # twice
+    ways = {re.escape(utf8), b"(?i:" + percent + b")",
+            b"(?i:" + percent.replace(b"%", b"%25") + b")",
+            b"(?i:&#x0*%x;)" % ord(char), b"&#0*%d;" % ord(char)}
+    ways |= {b"(?i:" + re.escape(form) + b")" for form in escaped if form != utf8}
+    if char == " ":
+        ways.add(re.escape(b"+"))
+    named = {"&": b"&amp;", "<": b"&lt;", ">": b"&gt;", '"': b"&quot;", "'": b"&apos;"}
+    if char in named:
+        ways.add(re.escape(named[char]))
+    return ways
+
+
+def _utf16(char: str) -> list[int]:
+    """The UTF-16 code units of ``char`` (a surrogate pair past the BMP), as \\u names them."""
+    data = char.encode("utf-16-be")
+    return [int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2)]
 
 
 class _Retryable(Exception):

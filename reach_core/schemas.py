@@ -29,6 +29,11 @@ PATTERN_TIMEOUT_S = 0.05
 # followed: far above what hand-written schemas need (a few dozen), far below what
 # holds the event loop (a break test: 2^25 through 25 nested anyOf pairs froze it).
 MAX_CHECKS_PER_VALUE = 1_000
+# The most subschema checks one call's value may cost: its parts (every object, array
+# and scalar in it) times ``checks_per_value``. A schema under the bound above still
+# makes an array of 50,000 items cost 50 million checks; past this, the value is refused
+# unchecked ("too large to check"), in milliseconds.
+MAX_CHECKS_PER_CALL = 200_000
 
 
 def _no_retrieval(uri: str):
@@ -87,9 +92,42 @@ def _additional_properties(validator, additional, instance, schema):
                               f"{'was' if len(extras) == 1 else 'were'} unexpected)")
 
 
+def _unique_items(validator, unique, instance, schema) -> Iterator[ValidationError]:
+    """``uniqueItems`` in one pass over hashable stand-ins of the items. jsonschema's own
+    compares unhashable items pairwise: 3,000 objects held the event loop 17 s (a break
+    test), and its message holds the whole array."""
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set = set()
+    try:
+        for index, item in enumerate(instance):
+            key = _canonical(item)
+            if key in seen:
+                yield ValidationError(f"item {index} repeats an earlier item (uniqueItems)")
+                return
+            seen.add(key)
+    except RecursionError:
+        yield ValidationError("nested too deeply to check uniqueItems")
+
+
+_ARRAY, _OBJECT, _BOOLEAN = object(), object(), object()
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable value equal for equal JSON values (JSON Schema's equality: 1 and 1.0
+    alike, true and 1 not, objects whatever their key order)."""
+    if isinstance(value, bool):
+        return (_BOOLEAN, value)
+    if isinstance(value, list):
+        return (_ARRAY, tuple(_canonical(item) for item in value))
+    if isinstance(value, dict):
+        return (_OBJECT, frozenset((key, _canonical(item)) for key, item in value.items()))
+    return value  # str, int, float (1 == 1.0, equal hashes), None
+
+
 SafeValidator = validators.extend(Draft202012Validator, {
     "pattern": _pattern, "patternProperties": _pattern_properties,
-    "additionalProperties": _additional_properties,
+    "additionalProperties": _additional_properties, "uniqueItems": _unique_items,
 })
 
 
@@ -236,3 +274,19 @@ def _local_target(root: dict, ref: str) -> Any:
         else:
             return None
     return node
+
+
+def parts_of(value: Any, most: int) -> int:
+    """How many values ``value`` holds, itself included (objects, arrays, scalars),
+    counted up to ``most`` (then ``most + 1``): what checking it costs per subschema."""
+    count, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        count += 1
+        if count > most:
+            return count
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return count

@@ -100,17 +100,22 @@ class Agent(models.Model):
         help_text="A/B split: the share of its capabilities' calls this agent takes "
         "(e.g. 10 for a new version); agents without a share split the rest.",
     )
+    # Held to what a descriptor may say, also when changed through the API: a negative
+    # price credits callers (a break test PATCHed -1), pools are bounded as there.
     price_input_per_1k = models.DecimalField(
-        max_digits=12, decimal_places=6, default=Decimal(0),
+        max_digits=12, decimal_places=6, default=Decimal(0), validators=[MinValueValidator(0)],
         help_text="Price per 1,000 input tokens.",
     )
     price_output_per_1k = models.DecimalField(
-        max_digits=12, decimal_places=6, default=Decimal(0),
+        max_digits=12, decimal_places=6, default=Decimal(0), validators=[MinValueValidator(0)],
         help_text="Price per 1,000 output tokens.",
     )
-    price_per_call = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
-    pool_max_connections = models.PositiveIntegerField(default=64)
-    pool_idle_seconds = models.PositiveIntegerField(default=90)
+    price_per_call = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0),
+                                         validators=[MinValueValidator(0)])
+    pool_max_connections = models.PositiveIntegerField(
+        default=64, validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    pool_idle_seconds = models.PositiveIntegerField(
+        default=90, validators=[MaxValueValidator(86_400)])
     # A day at most: a lease is a promise that a silent instance soon stops getting calls.
     heartbeat_interval_seconds = models.PositiveIntegerField(
         default=10, validators=[MinValueValidator(1), MaxValueValidator(86_400)])

@@ -39,6 +39,17 @@ class TenantSerializer(StrictModelSerializer):
         fields = ["id", "name", "slug", "is_active", "alert_webhook_url", "created_at"]
         read_only_fields = ["id", "created_at"]
 
+    def validate_slug(self, value: str) -> str:
+        """Fixed once the tenant exists: the slug names it in the environment variables
+        lent to it (``{tenant}`` in REACH_CREDENTIAL_ENV). A tenant that could rename
+        itself could take over a freed or provisioned name's secrets (a break test: beta
+        renamed itself alpha-x after alpha-x moved, and read alpha-x's lent token)."""
+        if self.instance is not None and value != self.instance.slug:
+            raise serializers.ValidationError(
+                "A tenant's slug cannot change through the API: an operator renames a "
+                "tenant in the admin (and moves its lent environment variables).")
+        return value
+
     def validate_alert_webhook_url(self, value: str) -> str:
         """Where alerts may be sent is where agents may be: the endpoint policy (checked
         again at every delivery, against what the name resolves to then)."""

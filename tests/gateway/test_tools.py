@@ -590,3 +590,33 @@ def test_a_grantee_has_one_grant_per_tool_even_when_asked_at_once(world):
     agent = {"tool": tool.pk, "agent": world.agent_b.pk}
     assert key_client(key).post("/api/v1/tool-grants/", agent, format="json").status_code == 201
     assert key_client(key).post("/api/v1/tool-grants/", agent, format="json").status_code == 400
+
+
+@pytest.mark.parametrize("secret", ['p@ss w/rd+&=%?#"\\<>Z9', "sécret€/Ωx+y", "AbC+dEf/GhI9kLm=",
+                                    "emoji😀key"])
+def test_a_secret_echoed_in_any_common_encoding_is_redacted(secret):
+    """Every shape of echo break tests sent back (percent-encoded once or twice, JSON
+    escaped once or twice as a header dump inside a JSON string, base64, hex, HTML
+    entities), embedded in a JSON answer: none shows the secret, each shows [redacted]."""
+    import base64
+    import html
+    import re
+    from urllib.parse import quote, quote_plus
+
+    from gateway.tools import _redacted
+
+    once = quote(secret, safe="")
+    dump = json.dumps({"x-api-key": secret})
+    lower_hex = re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), once)
+    echoes = [secret, once, quote(secret), quote_plus(secret), lower_hex, quote(once, safe=""),
+              json.dumps(secret)[1:-1], json.dumps(secret).replace("/", "\\/")[1:-1],
+              json.dumps(dump)[1:-1], json.dumps(json.dumps(secret, ensure_ascii=False))[1:-1],
+              base64.b64encode(secret.encode()).decode(),
+              base64.urlsafe_b64encode(secret.encode()).decode().rstrip("="),
+              secret.encode().hex(), "".join(f"&#{ord(c)};" for c in secret),
+              html.escape(secret)]
+    for echo in echoes:
+        answer = ('{"seen": "before ' + echo + ' after"}').encode()
+        redacted = _redacted(answer, secret)
+        assert b"[redacted]" in redacted, echo
+        assert echo.encode() not in redacted and secret.encode() not in redacted, echo

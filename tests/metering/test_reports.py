@@ -294,6 +294,12 @@ def test_a_report_parameter_given_twice_is_refused_not_last_one_wins(usage, alph
         response = alpha_client.get(url, {**PERIOD, "tz": "Europe/Paris", "tenat": "beta"})
         assert response.status_code == 400, url
         assert set(response.json()["error"]["details"]) == {"tz", "tenat"}, url
+    # The daily list has no filters: one given is refused, not ignored (?tenant=beta had
+    # answered the caller's own rows).
+    daily = alpha_client.get("/api/v1/usage/daily/", {"tenant": "beta"})
+    assert daily.status_code == 400
+    assert set(daily.json()["error"]["details"]) == {"tenant"}
+    assert alpha_client.get("/api/v1/usage/daily/", {"limit": "5"}).status_code == 200
 
 
 @pytest.mark.django_db

@@ -311,7 +311,10 @@ def test_a_patch_is_held_to_what_a_descriptor_may_say(registrar, world):
                         (f"/api/v1/agents/{world.agent_a.pk}/",
                          {"probe_path": "@127.0.0.1:19104/pwned"}),
                         (f"/api/v1/agents/{world.agent_a.pk}/",
-                         {"lease_ttl_seconds": 1_000_000_000})):
+                         {"lease_ttl_seconds": 1_000_000_000}),
+                        (f"/api/v1/agents/{world.agent_a.pk}/", {"price_per_call": "-1"}),
+                        (f"/api/v1/agents/{world.agent_a.pk}/",
+                         {"pool_max_connections": 1_000_000_000})):
         reply = manage.patch(url, change, format="json")
         assert reply.status_code == 400, (url, change, reply.content)
         assert set(reply.json()["error"]["details"]) == set(change)

@@ -232,3 +232,19 @@ def test_a_model_check_failing_at_save_is_a_structured_400():
     assert response.data["error"]["code"] == "invalid_input"
     assert response.data["error"]["details"] == {
         "field_name": ["Credential with this slot already exists."]}
+
+
+@pytest.mark.django_db
+def test_a_tenant_cannot_rename_itself_into_another_tenants_lent_names(world):
+    """The slug names a tenant in the variables lent to it per tenant ({tenant}): fixed
+    through the API (a break test renamed tenant beta to a freed slug and read that
+    slug's lent secret)."""
+    client = key_client(factories.api_key(tenant=world.tenant_b).plaintext)
+    url = f"/api/v1/tenants/{world.tenant_b.slug}/"
+    renamed = client.patch(url, {"slug": "alpha-x"}, format="json")
+    assert renamed.status_code == 400, renamed.content
+    assert "slug" in renamed.json()["error"]["details"]
+    world.tenant_b.refresh_from_db()
+    assert world.tenant_b.slug != "alpha-x"
+    assert client.patch(url, {"name": "Beta GmbH"}, format="json").status_code == 200
+    assert client.patch(url, {"slug": world.tenant_b.slug}, format="json").status_code == 200
