@@ -124,8 +124,9 @@ class Credentials:
         """Add the tenant's credentials for the agent to ``headers`` / ``query``; return an
         SSL context when one is an mTLS client certificate."""
         context = None
-        for entry in table.credentials_for(tenant_pk, agent_pk):
-            owner = table.tenants[tenant_pk].slug if tenant_pk in table.tenants else ""
+        entries = table.credentials_for(tenant_pk, agent_pk)
+        owner = table.tenants[tenant_pk].slug if entries and tenant_pk in table.tenants else ""
+        for entry in entries:
             if entry.kind == "mtls":
                 context = self.client_ssl(entry.client_cert_path, entry.client_key_path,
                                           entry.value_env, entry.ca_file, owner)

@@ -158,7 +158,7 @@ class TaskDoors:
         """A page of the tenant's tasks. ``given``: the query's parameters, each a list of
         its values; one not known, or given twice, is a 400 (a filter silently ignored,
         or the last of two winning, reads as one applied)."""
-        odd = {name: ["not a parameter here; use state, limit, offset"]
+        odd = {name: [f"not a parameter here; use {', '.join(LIST_PARAMETERS)}"]
                for name in given if name not in LIST_PARAMETERS}
         odd.update({name: ["give it once"] for name, values in given.items()
                     if name in LIST_PARAMETERS and len(values) > 1})

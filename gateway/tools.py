@@ -44,6 +44,7 @@ from gateway.upstream import read_limited
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
+from reach_core.numbers import rounded
 from routing.table import RouteTable, ToolEntry
 
 call_log = logging.getLogger("reach.calls")
@@ -319,7 +320,7 @@ class ToolDoors:
                               "tenant": tenant.slug if tenant is not None else None,
                               "tool": tool.name, "caller_agent": who.agent_pk,
                               "outcome": outcome, "upstream_status": status,
-                              "duration_ms": round(seconds * 1000, 3)}})
+                              "duration_ms": rounded(seconds * 1000, 3)}})
         if self.usage is None:
             return
         self.usage.emit({

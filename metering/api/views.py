@@ -28,6 +28,9 @@ from reach_platform.api import TenantScopedReadOnlyViewSet
 from tenants.models import Tenant
 from tenants.principal import principal_for_request
 
+# Query parameters of the lists besides their filters: pagination, DRF's renderer choice.
+NOT_FILTERS = frozenset({"limit", "offset", "format"})
+
 
 class UsageEventViewSet(TenantScopedReadOnlyViewSet):
     """One row per call through the gateway, newest first. ``/usage/events/<request id>/``
@@ -38,8 +41,6 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
     lookup_field = "request_id"
     # Any request id the gateway accepts (dots included), up to the next slash.
     lookup_value_regex = "[^/]+"
-    # Besides the filters: pagination, and DRF's renderer choice.
-    NOT_FILTERS = frozenset({"limit", "offset", "format"})
 
     @extend_schema(parameters=[UsageEventQuerySerializer])
     def list(self, request, *args, **kwargs):
@@ -49,7 +50,7 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
         queryset = super().filter_queryset(queryset)
         if self.action != "list":
             return queryset
-        query = _validated(UsageEventQuerySerializer, self.request, also=self.NOT_FILTERS)
+        query = _validated(UsageEventQuerySerializer, self.request, also=NOT_FILTERS)
         if "tenant" in query:
             queryset = queryset.filter(tenant_id__in=_scope(self.request, query["tenant"]))
         if "outcome" in query:
@@ -83,7 +84,7 @@ class UsageDailyViewSet(TenantScopedReadOnlyViewSet):
     def list(self, request, *args, **kwargs):
         # No filters here (the report has them): one given is refused, not ignored (a
         # break test read its own rows back for ?tenant=beta and took them for beta's).
-        _validated(serializers.Serializer, request, also=UsageEventViewSet.NOT_FILTERS)
+        _validated(serializers.Serializer, request, also=NOT_FILTERS)
         return super().list(request, *args, **kwargs)
 
 
