@@ -60,6 +60,11 @@ LEXICAL_SHORTLIST = 64
 MAX_STEPS = 5
 # Two matches closer than this are a coin toss: a caller may ask to confirm.
 AMBIGUITY_MARGIN = 0.03
+# A capability the caller owns or was granted goes first when it matches within this of
+# another tenant's public one: a near tie is no reason to hand a tenant's request (and its
+# input) to a rival, whose copy of the tenant's description would otherwise win it on an
+# index order. Twice the ambiguity margin: within it the two are a tie anyway.
+HOME_MARGIN = 2 * AMBIGUITY_MARGIN
 # Confidence is a logistic of the best score's distance to the threshold.
 CONFIDENCE_SCALE = 0.05
 
@@ -446,11 +451,14 @@ class IntentIndex:
                                                dtype=above.dtype)])
 
     def scores(self, text: str, learned: Sequence = (),
-               allowed: np.ndarray | None = None) -> list[Score]:
+               allowed: np.ndarray | None = None, home: np.ndarray | None = None
+               ) -> list[Score]:
         """Every capability at or above the threshold, best first. ``learned``: the
         calling tenant's learned phrases (items with ``capability_id`` and ``phrase``);
-        ``allowed``: the slots the caller may see (``allowed_slots``), None for all."""
-        return self._scored(text, learned, allowed)[0]
+        ``allowed``: the slots the caller may see (``allowed_slots``), None for all;
+        ``home``: the slots of its own and granted capabilities, first within
+        ``HOME_MARGIN`` of the best (None: no preference)."""
+        return self._scored(text, learned, allowed, home)[0]
 
     def allowed_slots(self, visible: Callable[[str], bool]) -> np.ndarray:
         """Per slot, whether its capability id is one the caller may see: a request is
@@ -459,8 +467,8 @@ class IntentIndex:
         return np.fromiter((t is not None and visible(t.capability_id) for t in self._texts),
                            dtype=bool, count=len(self._texts))
 
-    def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None
-                ) -> tuple[list[Score], list[Score]]:
+    def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None,
+                home: np.ndarray | None = None) -> tuple[list[Score], list[Score]]:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
         stripped = heard(without_addresses(text)).strip()
         if self._embedder is None:
@@ -470,7 +478,7 @@ class IntentIndex:
             boosted = self._learned_lexical(stripped, learned)
             matched = [m for m in _with_learned(matched, boosted, self._slots, self._texts)
                        if allowed is None or allowed[self._slots[m.capability_id]]]
-            return self._finish(stripped, matched, [], allowed)
+            return self._finish(stripped, matched, [], allowed, home)
         slots = len(self._texts)
         found = self._lexical_array(stripped)
         lexical = found[0] if found is not None else np.zeros(slots)
@@ -510,17 +518,25 @@ class IntentIndex:
                           round(float(lexical[i]), 6), round(float(semantic[i]), 6),
                           round(float(push[i]), 6), 1.0 if first[i] > 1 else 0.0)
             (matched if total[i] >= self.threshold else near).append(score)
-        return self._finish(stripped, matched, near[:3], allowed)
+        return self._finish(stripped, matched, near[:3], allowed, home)
 
     def _finish(self, stripped: str, matched: list[Score], near: list[Score],
-                allowed: np.ndarray | None) -> tuple[list[Score], list[Score]]:
+                allowed: np.ndarray | None, home: np.ndarray | None = None
+                ) -> tuple[list[Score], list[Score]]:
         matched = [s for s in matched if s.score >= self.threshold]
         slot = self._slots.get(stripped)
         if slot is not None and (allowed is None or allowed[slot]):
             matched = [s for s in matched if s.capability_id != stripped]
             matched.append(Score(stripped, EXACT_SCORE, EXACT_SCORE))
         key = lambda s: (-s.score, s.capability_id)  # noqa: E731
-        return sorted(matched, key=key), sorted(near, key=key)
+        matched.sort(key=key)
+        if home is not None and matched and not matched[0].exact \
+                and not home[self._slots[matched[0].capability_id]]:
+            own = next((s for s in matched[1:] if home[self._slots[s.capability_id]]), None)
+            if own is not None and own.score >= matched[0].score - HOME_MARGIN:
+                matched.remove(own)
+                matched.insert(0, own)
+        return matched, sorted(near, key=key)
 
     def _learned_lexical(self, text: str, learned: Sequence) -> dict[str, float]:
         """Without an embedder: a learned phrase sharing most of its features with the
@@ -538,8 +554,8 @@ class IntentIndex:
         return out
 
     def match(self, text: str, *, learned: Sequence = (),
-              allowed: np.ndarray | None = None) -> Match:
-        whole, near = self._scored(text, learned, allowed)
+              allowed: np.ndarray | None = None, home: np.ndarray | None = None) -> Match:
+        whole, near = self._scored(text, learned, allowed, home)
         parts = clauses(text)
         if len(parts) > MAX_STEPS:  # the rest is one last part
             parts = [*parts[:MAX_STEPS - 1], " ".join(parts[MAX_STEPS - 1:])]
@@ -547,7 +563,7 @@ class IntentIndex:
                        **self._sureness(whole))
         if len(parts) < 2:
             return single
-        per_clause = [self.scores(p, learned, allowed) for p in parts]
+        per_clause = [self.scores(p, learned, allowed, home) for p in parts]
         plan: list[str] = []
         sureness: list[float] = []
         for ranked in per_clause:
@@ -579,7 +595,9 @@ class IntentIndex:
         if not ranked:
             return {"confidence": 0.0, "margin": 0.0}
         best = ranked[0].score
-        margin = best - (ranked[1].score if len(ranked) > 1 else 0.0)
+        # Below zero when the caller's own capability went first on a near tie: as
+        # unsure as a tie (``HOME_MARGIN``).
+        margin = max(0.0, best - (ranked[1].score if len(ranked) > 1 else 0.0))
         confidence = 1.0 / (1.0 + math.exp(-(best - self.threshold) / CONFIDENCE_SCALE))
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
 

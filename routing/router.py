@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from routing.balancer import SmoothWeightedRoundRobin
 from routing.matcher import CapabilityText, IntentIndex, Match, Score
 from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable
@@ -298,6 +300,12 @@ def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
     )
 
 
+def _trusted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
+             capability: CapabilityEntry) -> bool:
+    """The tenant's own agent, or one it holds a grant on."""
+    return agent.owner_tenant_pk == tenant_pk or _granted(table, tenant_pk, agent, capability)
+
+
 _INVISIBLE = frozenset({"not_granted", "namespace"})
 
 
@@ -308,8 +316,7 @@ def _trusted_first(table: RouteTable, tenant_pk: int, kept: list, capability_id:
     caller did not choose (a break test: a tenant published a public agent under another
     tenant's capability id with weight 1000 and took that tenant's calls, inputs and
     all). Only when none of its own can take it does a public one get the call."""
-    trusted = [r for r in kept if r.agent.owner_tenant_pk == tenant_pk
-               or _granted(table, tenant_pk, r.agent, r.capability)]
+    trusted = [r for r in kept if _trusted(table, tenant_pk, r.agent, r.capability)]
     if not trusted or len(trusted) == len(kept):
         return kept
     if dropped is not None:
@@ -328,18 +335,30 @@ def visible_to(table: RouteTable, tenant_pk: int, agent: AgentEntry,
             or _granted(table, tenant_pk, agent, capability))
 
 
-def capability_visible(table: RouteTable, tenant_pk: int, capability_id: str) -> bool:
-    """Whether some agent offering ``capability_id`` is visible to the tenant: otherwise the
-    id itself is another tenant's private business and must not be named to this one."""
+def _offered(table: RouteTable, capability_id: str,
+             by: Callable[[AgentEntry, CapabilityEntry], bool]) -> bool:
+    """Whether some agent offering ``capability_id`` is one ``by`` accepts."""
     for pk in table.agents_by_capability.get(capability_id, ()):
         agent = table.agents.get(pk)
         if agent is None:
             continue
         for capability in agent.capabilities:
-            if capability.capability_id == capability_id and visible_to(
-                    table, tenant_pk, agent, capability):
+            if capability.capability_id == capability_id and by(agent, capability):
                 return True
     return False
+
+
+def capability_visible(table: RouteTable, tenant_pk: int, capability_id: str) -> bool:
+    """Whether some agent offering ``capability_id`` is visible to the tenant: otherwise the
+    id itself is another tenant's private business and must not be named to this one."""
+    return _offered(table, capability_id,
+                    lambda agent, capability: visible_to(table, tenant_pk, agent, capability))
+
+
+def capability_trusted(table: RouteTable, tenant_pk: int, capability_id: str) -> bool:
+    """Whether one of the tenant's own or granted agents offers ``capability_id``."""
+    return _offered(table, capability_id,
+                    lambda agent, capability: _trusted(table, tenant_pk, agent, capability))
 
 
 def capability_filter(
@@ -529,9 +548,10 @@ class Router:
         if index is None:
             # A large fleet's first intent index is still being built (``follow``).
             return Decision(capability=None, chosen=None, error="service_unavailable")
+        allowed, home = self._allowed(index, table, request.tenant_pk)
         match: Match = index.match(request.intent or "",
                                    learned=table.learned_by_tenant.get(request.tenant_pk, ()),
-                                   allowed=self._allowed(index, table, request.tenant_pk))
+                                   allowed=allowed, home=home)
         sure = {"confidence": match.confidence, "margin": match.margin,
                 "needs_confirmation": match.ambiguous}
         if not match.ranked:
@@ -568,17 +588,22 @@ class Router:
         )
 
     def _allowed(self, index: IntentIndex, table: RouteTable, tenant_pk: int):
-        """The index slots of the capabilities the tenant may see, worked out once per
-        index, agents, grants and tenant (a registration or a grant makes new ones)."""
+        """The index slots of the capabilities the tenant may see, and of those it owns or
+        was granted (None when that is all it sees: nothing to prefer), worked out once
+        per index, agents, grants and tenant (a registration or a grant makes new ones)."""
         key = (id(index), id(table.agents), id(table.grants), tenant_pk)
         found = self._allowed_cache.get(key)
         if found is None:
             if len(self._allowed_cache) >= ALLOWED_CACHE:
                 self._allowed_cache.clear()
             mask = index.allowed_slots(lambda cid: capability_visible(table, tenant_pk, cid))
-            # The objects are kept with the mask, so their ids are not reused meanwhile.
-            found = self._allowed_cache[key] = (mask, index, table.agents, table.grants)
-        return found[0]
+            home = index.allowed_slots(lambda cid: capability_trusted(table, tenant_pk, cid))
+            if np.array_equal(home, mask):
+                home = None
+            # The objects are kept with the masks, so their ids are not reused meanwhile.
+            found = self._allowed_cache[key] = (mask, home, index, table.agents,
+                                                table.grants)
+        return found[0], found[1]
 
     def _route_capability(self, table, request, capability_id, matches, *, pick,
                           exclude: frozenset[int] = frozenset()) -> Decision:

@@ -333,6 +333,47 @@ def test_another_tenants_private_capability_never_moves_a_decision(encoder, text
     assert mine.capability == "beta.secret.mailer"
 
 
+_TRACKING = {"display_name": "Parcel tracking",
+             "description": "Tracks parcels and shipments: where a package is now and when "
+                            "it will be delivered.",
+             "examples": ("where is my parcel", "我的快递到哪了")}
+
+
+def _decide(encoder, tenant_pk: int, text: str, *agents):
+    t = table(*agents)
+    holder = IntentIndexHolder(embedder=encoder)
+    holder.update(t)
+    return Router(index=holder).route(t, RouteRequest(tenant_pk=tenant_pk, intent=text),
+                                      pick=False)
+
+
+def test_a_copy_of_a_tenants_capability_published_by_another_does_not_take_its_intents(
+        encoder):
+    """A break test: another tenant published a public capability under a different id
+    with the victim's description and examples copied; on the tie its id, sorted first,
+    took the victim's intent calls (and their inputs). The caller's own capability goes
+    first on a near tie; others still reach the copy, and a far better public match still
+    wins over a tenant's own weak one."""
+    mine = agent("tracker", "parcel.track", owner=1, cap=_TRACKING)
+    copy = agent("copycat", "aaa.track", owner=2, visibility="public", cap=_TRACKING)
+    drafter = agent("drafter", "email.draft", owner=2, visibility="public",
+                    cap={"display_name": "Email drafting",
+                         "description": "Drafts business emails and replies."})
+    for text in ("where is my parcel now?", "我的包裹什么时候送到"):
+        assert _decide(encoder, 3, text, mine, copy, drafter).capability == "aaa.track"
+        decided = _decide(encoder, 1, text, mine, copy, drafter)
+        assert decided.capability == "parcel.track", text
+        assert decided.matches[1].capability_id == "aaa.track"  # listed, not chosen
+        assert decided.needs_confirmation  # a tie it broke, and says so
+    # Each step of a plan too.
+    planned = _decide(encoder, 1, "track my parcel, then draft an email to the customer "
+                      "about the delay", mine, copy, drafter)
+    assert planned.plan == ("parcel.track", "email.draft")
+    # Not a wall: a public capability that fits far better is still chosen.
+    assert _decide(encoder, 1, "draft a polite email declining the meeting", mine, copy,
+                   drafter).capability == "email.draft"
+
+
 def test_a_request_of_hundreds_of_parts_is_matched_in_at_most_five_steps(index, monkeypatch):
     scored = []
     real = IntentIndex.scores

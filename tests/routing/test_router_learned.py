@@ -19,9 +19,9 @@ class RecordingIndex(IntentIndex):
         super().__init__(list(capability_texts(routes).values()))
         self.learned: list[tuple] = []
 
-    def match(self, text: str, *, learned=(), allowed=None) -> Match:
+    def match(self, text: str, *, learned=(), **masks) -> Match:
         self.learned.append(tuple(learned))
-        return super().match(text, learned=learned, allowed=allowed)
+        return super().match(text, learned=learned, **masks)
 
 
 def test_each_tenant_is_matched_with_its_own_learned_phrases_only():
