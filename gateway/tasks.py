@@ -110,7 +110,7 @@ class TaskStore(Protocol):
     async def events_after(self, tenant_pk: int, task_id: str, after: int
                            ) -> tuple[list[dict], str]: ...
     async def claim(self, worker: str, limit: int) -> list[TaskClaim]: ...
-    async def renew(self, worker: str, task_ids: list[str]) -> None: ...
+    async def renew(self, worker: str, task_ids: list[str]) -> set[str]: ...
     async def finish(self, claim: TaskClaim, outcome: TaskOutcome) -> bool: ...
 
 
@@ -287,6 +287,7 @@ class EngineSettings:
 class _Running:
     claim: TaskClaim
     job: asyncio.Future
+    lost: bool = False  # its claim is gone: stopped on purpose, nothing to record
 
 
 @dataclass
@@ -368,6 +369,9 @@ class TaskEngine:
             try:
                 outcome = await self.attempt(claim)
             except asyncio.CancelledError:
+                running = self._running.get(claim.task_id)
+                if running is not None and running.lost:
+                    return  # stopped by ``_renew_forever``: the task is not ours now
                 raise  # the engine is stopping: the lease lapses and another runs it
             except Exception:
                 logger.exception("task %s: attempt failed", claim.task_id)
@@ -405,10 +409,21 @@ class TaskEngine:
             if not ids:
                 continue
             try:
-                await self.store.renew(self.worker, ids)
+                held = await self.store.renew(self.worker, ids)
             except Exception as exc:  # a missed renewal shortens the lease, no more
                 logger.warning("task engine: renewing leases failed (%s)",
                                type(exc).__name__)
+                continue
+            for task_id in ids:
+                running = self._running.get(task_id)
+                if task_id not in held and running is not None:
+                    # Canceled, or handed on after a lapsed lease: its attempt is no
+                    # longer wanted. Stopped, its agent's connection is dropped (the
+                    # work stops) and the attempt is metered client_cancelled.
+                    logger.info("task %s: claim gone (canceled, or handed on); "
+                                "stopping its attempt", task_id)
+                    running.lost = True
+                    running.job.cancel()
 
 
 def retry_after(error: ReachError, attempt: int) -> float:

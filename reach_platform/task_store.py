@@ -99,8 +99,8 @@ class DjangoTaskStore:
             agent_task_id=c.task.agent_task_id, agent_context_id=c.task.agent_context_id,
             push_url=push_url(c.task.pk), push_token=c.push_token) for c in claimed]
 
-    async def renew(self, worker: str, task_ids: list[str]) -> None:
-        await _db(services.task_renew, worker=worker, ids=task_ids)
+    async def renew(self, worker: str, task_ids: list[str]) -> set[str]:
+        return await _db(services.task_renew, worker=worker, ids=task_ids)
 
     async def finish(self, claim: TaskClaim, outcome: TaskOutcome) -> bool:
         return await _db(functools.partial(

@@ -211,14 +211,16 @@ def task_claim(*, worker: str, limit: int, now: dt.datetime | None = None,
     return out
 
 
-def task_renew(*, worker: str, ids: list, now: dt.datetime | None = None) -> int:
-    """Extend the leases of the tasks ``worker`` runs; returns how many it still holds."""
+def task_renew(*, worker: str, ids: list, now: dt.datetime | None = None) -> set[str]:
+    """Extend the leases of the tasks ``worker`` runs; returns the ids it still holds (a
+    task canceled, or handed on after a lapsed lease, is no longer its to run)."""
     if not ids:
-        return 0
+        return set()
     now = now or timezone.now()
-    return Task.objects.filter(pk__in=ids, state=TaskState.WORKING,
-                               claim__startswith=f"{worker}:").update(
-        lease_expires_at=now + dt.timedelta(seconds=settings.TASK_LEASE_S))
+    mine = Task.objects.filter(pk__in=ids, state=TaskState.WORKING,
+                               claim__startswith=f"{worker}:")
+    mine.update(lease_expires_at=now + dt.timedelta(seconds=settings.TASK_LEASE_S))
+    return {str(pk) for pk in mine.values_list("pk", flat=True)}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
     python -m tests.agents.task_agent PORT
 
 - ``POST /work``: sleeps ``input.ms`` (default 0) milliseconds, then answers
-  ``{"done": <input>, "port": PORT}``;
+  ``{"done": <input>, "port": PORT}``; a caller that drops the connection meanwhile
+  stops it (seen as path ``gone``);
 - ``POST /deep``: a reply nested 300 deep;
 - ``POST /ask``: without ``language`` in its input, asks for it
   (``{"status": {"state": "input-required", "message": "Which language?"}}``); with it,
@@ -42,7 +43,13 @@ def _seen(request: web.Request, body) -> None:
 async def work(request: web.Request) -> web.Response:
     body = await request.json()
     _seen(request, body)
-    await asyncio.sleep(int(body.get("ms", 0)) / 1000)
+    until = asyncio.get_running_loop().time() + int(body.get("ms", 0)) / 1000
+    while (left := until - asyncio.get_running_loop().time()) > 0:
+        await asyncio.sleep(min(left, 0.05))
+        if request.transport is None or request.transport.is_closing():
+            # The gateway dropped the call: its work stops here, and says so.
+            SEEN.append({"path": "gone", "task": request.headers.get("X-Reach-Task-Id")})
+            return web.Response(status=499)
     return web.json_response({"done": body, "port": PORT})
 
 

@@ -48,6 +48,31 @@ def test_an_async_call_is_a_task_committed_before_202_and_run_by_a_worker(platfo
     assert [r.outcome for r in rows] == ["success"]
 
 
+def test_a_canceled_task_stops_its_running_attempt(platform):
+    """Canceling a task whose attempt is at its agent stops that attempt: the agent's
+    connection is dropped (its work stops) within a renewal (a third of the lease, 1 s
+    here) and the attempt is metered client_cancelled, never success; the task stays
+    canceled. Before, the attempt ran to its end and was billed as a success."""
+    with platform.client() as client:
+        task_id = platform.submit(client, "work.do", {"ms": 60_000},
+                                  headers={"X-Request-ID": "req-task-stop"}).json()["task_id"]
+        wait_for(lambda: any(s["task"] == task_id for s in platform.seen(0) + platform.seen(1)
+                             if s["path"] == "/work"),
+                 timeout=20, message="the attempt to reach the agent")
+        canceled = client.post(f"/v1/tasks/{task_id}/cancel")
+        wait_for(lambda: any(s["path"] == "gone" and s["task"] == task_id
+                             for s in platform.seen(0) + platform.seen(1)),
+                 timeout=20, message="the agent to see its call dropped")
+        wait_for(lambda: UsageEvent.objects.filter(request_id="req-task-stop").exists(),
+                 timeout=20, message="the attempt's usage event to be stored")
+        task = platform.task(client, task_id)
+
+    assert canceled.status_code == 200 and canceled.json()["state"] == "canceled"
+    assert task["state"] == "canceled"
+    assert [r.outcome for r in UsageEvent.objects.filter(request_id="req-task-stop")] == [
+        "client_cancelled"]
+
+
 def test_a_result_too_deep_to_write_again_fails_its_task_and_spoils_no_listing(platform):
     """Stored, it would make every read of the task, and of the tenant's task list, a
     500 (break test): the task fails as the agent's bad response instead."""
