@@ -112,7 +112,9 @@ class Embedder(Protocol):
 
 @dataclass(frozen=True)
 class CapabilityText:
-    """What the matcher reads about one capability id."""
+    """What the matcher reads about one capability id, as one tenant wrote it (``owner``)
+    when several tenants offer the id: a tenant's hints (examples, what it is not for)
+    must steer no other tenant's routing. ``owner`` None: one text for the id."""
 
     capability_id: str
     display_name: str = ""
@@ -124,6 +126,12 @@ class CapabilityText:
     # ("parcel tracking (use logistics.track)"): the second pushes matches away.
     examples: tuple[str, ...] = ()
     not_for: tuple[str, ...] = ()
+    owner: int | None = None
+
+    @property
+    def key(self) -> str:
+        """Its place in an index: the id, or the id and its writer's tenant."""
+        return self.capability_id if self.owner is None else f"{self.capability_id}#{self.owner}"
 
     def document(self) -> str:
         name = self.capability_id.replace(".", " ").replace("_", " ").replace("-", " ")
@@ -200,7 +208,8 @@ class IntentIndex:
         self._embedder = embedder
         # Per slot, the text there; None is a free slot, taken by the next text added.
         self._texts: list[CapabilityText | None] = []
-        self._slots: dict[str, int] = {}
+        self._slots: dict[str, int] = {}  # by text key
+        self._by_id: dict[str, tuple[int, ...]] = {}  # the slots of each capability id
         self._free: list[int] = []
         self._lengths = np.zeros(0)
         self._keeps_language = np.zeros(0, dtype=bool)
@@ -228,28 +237,37 @@ class IntentIndex:
 
     def updated(self, texts: Iterable[CapabilityText] = (),
                 removed: Iterable[str] = ()) -> IntentIndex:
-        """This index with ``texts`` replacing (or joining) those of their ids, and the
-        ``removed`` ids gone; ``self`` when that changes nothing. Equal to an index built
-        from scratch over the resulting texts. Ids must be unique."""
+        """This index with ``texts`` replacing (or joining) those of their keys, and the
+        ``removed`` keys gone; ``self`` when that changes nothing. Equal to an index built
+        from scratch over the resulting texts. Keys must be unique."""
         slots = self._slots
-        new = [c for c in texts if self._text_of(c.capability_id) != c]
-        leaving = {c.capability_id for c in new if c.capability_id in slots}
-        leaving.update(cid for cid in removed if cid in slots)
+        new = [c for c in texts if self._text_of(c.key) != c]
+        leaving = {c.key for c in new if c.key in slots}
+        leaving.update(key for key in removed if key in slots)
         if not new and not leaving:
             return self
         index = copy.copy(self)
-        index._change([self._texts[slots[cid]] for cid in leaving], new)
+        index._change([self._texts[slots[key]] for key in leaving], new)
         return index
 
-    def _text_of(self, capability_id: str) -> CapabilityText | None:
-        slot = self._slots.get(capability_id)
+    def keys_of(self, capability_id: str) -> list[str]:
+        """The keys of the texts indexed for ``capability_id``."""
+        return [self._texts[slot].key for slot in self._by_id.get(capability_id, ())]
+
+    def _text_of(self, key: str) -> CapabilityText | None:
+        slot = self._slots.get(key)
         return None if slot is None else self._texts[slot]
+
+    def _seen(self, capability_id: str, mask: np.ndarray | None) -> bool:
+        """Whether a text of ``capability_id`` is in the index and in ``mask`` (None: all)."""
+        found = self._by_id.get(capability_id, ())
+        return bool(found) and (mask is None or any(mask[slot] for slot in found))
 
     def _change(self, gone: list[CapabilityText], new: list[CapabilityText]) -> None:
         """Take ``gone`` out and put ``new`` in, on a fresh copy: every container this
         touches is copied first, for readers of the index it was copied from."""
         texts, slots, free = list(self._texts), dict(self._slots), list(self._free)
-        leaving = [(slots.pop(c.capability_id), _parts(c)) for c in gone]
+        leaving = [(slots.pop(c.key), _parts(c)) for c in gone]
         for slot, _ in leaving:
             texts[slot] = None
             free.append(slot)
@@ -259,9 +277,13 @@ class IntentIndex:
             if slot == len(texts):
                 texts.append(None)
             texts[slot] = c
-            slots[c.capability_id] = slot
+            slots[c.key] = slot
             joining.append((slot, _parts(c)))
         self._texts, self._slots, self._free = texts, slots, free
+        by_id: dict[str, list[int]] = defaultdict(list)
+        for slot in slots.values():
+            by_id[texts[slot].capability_id].append(slot)
+        self._by_id = {cid: tuple(sorted(found)) for cid, found in by_id.items()}
         self._total_length += sum(p.length for _, p in joining) - sum(
             p.length for _, p in leaving)
         self._lengths = _per_slot(self._lengths, len(texts),
@@ -460,11 +482,12 @@ class IntentIndex:
         ``HOME_MARGIN`` of the best (None: no preference)."""
         return self._scored(text, learned, allowed, home)[0]
 
-    def allowed_slots(self, visible: Callable[[str], bool]) -> np.ndarray:
-        """Per slot, whether its capability id is one the caller may see: a request is
-        matched among those only, so another tenant's private capabilities never move a
-        caller's choice, its plan, its confidence or its margin."""
-        return np.fromiter((t is not None and visible(t.capability_id) for t in self._texts),
+    def allowed_slots(self, visible: Callable[[CapabilityText], bool]) -> np.ndarray:
+        """Per slot, whether its text is one the caller may see: a request is matched
+        among those only, so another tenant's private capabilities (and its hints on an id
+        the caller offers too) never move a caller's choice, its plan, its confidence or
+        its margin."""
+        return np.fromiter((t is not None and visible(t) for t in self._texts),
                            dtype=bool, count=len(self._texts))
 
     def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None,
@@ -476,8 +499,8 @@ class IntentIndex:
             matched = [Score(self._texts[i].capability_id, round(LEXICAL_WEIGHT * v, 6), 0.0, v)
                        for i, v in lexical.items()]
             boosted = self._learned_lexical(stripped, learned)
-            matched = [m for m in _with_learned(matched, boosted, self._slots, self._texts)
-                       if allowed is None or allowed[self._slots[m.capability_id]]]
+            matched = [m for m in _with_learned(matched, boosted, self._by_id)
+                       if self._seen(m.capability_id, allowed)]
             return self._finish(stripped, matched, [], allowed, home)
         slots = len(self._texts)
         found = self._lexical_array(stripped)
@@ -488,13 +511,14 @@ class IntentIndex:
             if slots > LEXICAL_SHORTLIST else None
         first, second = self._units.best_two(query, slots, also)
         for entry in learned:  # the tenant's own phrases count as the capability's units
-            slot = self._slots.get(entry.capability_id)
-            if slot is not None:
+            found = self._by_id.get(entry.capability_id, ())
+            if found:
                 (vector,) = np.asarray(self._embedder.embed([entry.phrase]), dtype=np.float32)
                 sim = float(vector @ query)
-                if sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
-                    second[slot] = max(second[slot], first[slot])
-                    first[slot] = sim + LEARNED_BONUS
+                for slot in found:
+                    if sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
+                        second[slot] = max(second[slot], first[slot])
+                        first[slot] = sim + LEARNED_BONUS
         live = self._live if allowed is None else self._live & allowed
         semantic = _centred_by_language(
             np.where(second > -1, (first + second) / 2, first), self._written_in, live
@@ -524,15 +548,18 @@ class IntentIndex:
                 allowed: np.ndarray | None, home: np.ndarray | None = None
                 ) -> tuple[list[Score], list[Score]]:
         matched = [s for s in matched if s.score >= self.threshold]
-        slot = self._slots.get(stripped)
-        if slot is not None and (allowed is None or allowed[slot]):
+        if self._seen(stripped, allowed):
             matched = [s for s in matched if s.capability_id != stripped]
             matched.append(Score(stripped, EXACT_SCORE, EXACT_SCORE))
         key = lambda s: (-s.score, s.capability_id)  # noqa: E731
         matched.sort(key=key)
+        if len(self._by_id) < len(self._slots):  # an id with several texts: its best counts
+            ids: set[str] = set()
+            matched = [s for s in matched
+                       if s.capability_id not in ids and not ids.add(s.capability_id)]
         if home is not None and matched and not matched[0].exact \
-                and not home[self._slots[matched[0].capability_id]]:
-            own = next((s for s in matched[1:] if home[self._slots[s.capability_id]]), None)
+                and not self._seen(matched[0].capability_id, home):
+            own = next((s for s in matched[1:] if self._seen(s.capability_id, home)), None)
             if own is not None and own.score >= matched[0].score - HOME_MARGIN:
                 matched.remove(own)
                 matched.insert(0, own)
@@ -602,20 +629,23 @@ class IntentIndex:
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
 
 
-def _with_learned(matched: list[Score], boosted: Mapping[str, float], slots, texts
-                  ) -> list[Score]:
+def _with_learned(matched: list[Score], boosted: Mapping[str, float],
+                  indexed: Mapping[str, tuple[int, ...]]) -> list[Score]:
     """Lexical scores with the learned overlaps folded in (the larger wins, plus a bonus)."""
     if not boosted:
         return matched
-    by_id = {s.capability_id: s for s in matched}
+    best: dict[str, Score] = {}
+    for s in matched:  # an id with several texts: its best
+        if s.capability_id not in best or s.score > best[s.capability_id].score:
+            best[s.capability_id] = s
     for cid, overlap in boosted.items():
-        if cid not in slots:
+        if cid not in indexed:
             continue
-        was = by_id.get(cid)
+        was = best.get(cid)
         score = max(was.score if was else 0.0, LEXICAL_WEIGHT * overlap + LEARNED_BONUS)
-        by_id[cid] = Score(cid, round(score, 6), 0.0, was.lexical if was else 0.0, 0.0, 0.0,
-                           overlap)
-    return list(by_id.values())
+        best[cid] = Score(cid, round(score, 6), 0.0, was.lexical if was else 0.0, 0.0, 0.0,
+                          overlap)
+    return list(best.values())
 
 
 # A group needs a few members for its mean to say anything about the encoder's bias.

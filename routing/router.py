@@ -361,6 +361,27 @@ def capability_trusted(table: RouteTable, tenant_pk: int, capability_id: str) ->
                     lambda agent, capability: _trusted(table, tenant_pk, agent, capability))
 
 
+def text_trusted(table: RouteTable, tenant_pk: int, text: CapabilityText) -> bool:
+    """Whether the text is (in part) written by the tenant's own or granted agents."""
+    return _offered(table, text.capability_id, lambda agent, capability: (
+        text.owner in (None, agent.owner_tenant_pk)
+        and _trusted(table, tenant_pk, agent, capability)))
+
+
+def text_visible(table: RouteTable, tenant_pk: int, text: CapabilityText) -> bool:
+    """Whether a tenant's intents are matched against the text: its own or granted
+    agents' text; another tenant's text of a public agent only for an id none of its
+    own or granted agents offers (a call of that id goes to its own agents, so another
+    tenant's words for it must not decide whether, or when, it is chosen)."""
+    if text_trusted(table, tenant_pk, text):
+        return True
+    if text.owner is not None and capability_trusted(table, tenant_pk, text.capability_id):
+        return False
+    return _offered(table, text.capability_id, lambda agent, capability: (
+        text.owner in (None, agent.owner_tenant_pk)
+        and visible_to(table, tenant_pk, agent, capability)))
+
+
 def capability_filter(
     table: RouteTable, request: RouteRequest, agent: AgentEntry, capability: CapabilityEntry
 ) -> tuple[str, str] | None:
@@ -596,8 +617,8 @@ class Router:
         if found is None:
             if len(self._allowed_cache) >= ALLOWED_CACHE:
                 self._allowed_cache.clear()
-            mask = index.allowed_slots(lambda cid: capability_visible(table, tenant_pk, cid))
-            home = index.allowed_slots(lambda cid: capability_trusted(table, tenant_pk, cid))
+            mask = index.allowed_slots(lambda text: text_visible(table, tenant_pk, text))
+            home = index.allowed_slots(lambda text: text_trusted(table, tenant_pk, text))
             if np.array_equal(home, mask):
                 home = None
             # The objects are kept with the masks, so their ids are not reused meanwhile.
@@ -795,19 +816,30 @@ class Router:
 
 
 def capability_texts(table: RouteTable) -> dict[str, CapabilityText]:
-    """One text per capability id; agents offering the same id pool their words (see
-    ``capability_text``). Read from ``agents_by_capability``: the table is indexed."""
-    return {cid: capability_text(table, cid) for cid in table.agents_by_capability}
+    """The texts of every capability id, by key (see ``capability_text``). Read from
+    ``agents_by_capability``: the table is indexed."""
+    return {text.key: text for cid in table.agents_by_capability
+            for text in capability_text(table, cid)}
 
 
-def capability_text(table: RouteTable, capability_id: str) -> CapabilityText | None:
-    """The pooled text of one capability id, None when no agent offers it. Agents pool
-    in the order of their pks (``agents_by_capability``'s), so a text depends on who
-    offers it, not on the order their entries reached the table."""
-    caps = [cap for pk in table.agents_by_capability.get(capability_id, ())
-            for cap in table.agents[pk].capabilities if cap.capability_id == capability_id]
-    if not caps:
-        return None
+def capability_text(table: RouteTable, capability_id: str) -> list[CapabilityText]:
+    """The texts of one capability id, none when no agent offers it. One tenant's agents
+    offering the same id pool their words; when several tenants offer it, each tenant's
+    agents make a text of their own (``owner``), so no tenant's hints steer another's
+    routing. Agents pool in the order of their pks (``agents_by_capability``'s), so a
+    text depends on who offers it, not on the order their entries reached the table."""
+    by_owner: dict[int, list[CapabilityEntry]] = {}
+    for pk in table.agents_by_capability.get(capability_id, ()):
+        agent = table.agents[pk]
+        by_owner.setdefault(agent.owner_tenant_pk, []).extend(
+            cap for cap in agent.capabilities if cap.capability_id == capability_id)
+    shared = len(by_owner) > 1
+    return [_pooled(capability_id, caps, owner if shared else None)
+            for owner, caps in by_owner.items() if caps]
+
+
+def _pooled(capability_id: str, caps: list[CapabilityEntry], owner: int | None
+            ) -> CapabilityText:
     return CapabilityText(
         capability_id,
         next((c.display_name for c in caps if c.display_name), ""),
@@ -816,6 +848,7 @@ def capability_text(table: RouteTable, capability_id: str) -> CapabilityText | N
         any(c.directions for c in caps),
         examples=tuple(dict.fromkeys(e for c in caps for e in c.examples)),
         not_for=tuple(dict.fromkeys(n for c in caps for n in c.not_for)),
+        owner=owner,
     )
 
 
@@ -929,10 +962,11 @@ class IntentIndexHolder:
                 # the same (a change of weight or instances, a heartbeat's state).
                 touched = touched_capabilities(self._table, table) if changed is None \
                     else capabilities_of(changed, self._table, table)
-                texts = {cid: capability_text(table, cid) for cid in touched}
-                self.index = self.index.updated(
-                    [t for t in texts.values() if t is not None],
-                    [cid for cid, t in texts.items() if t is None])
+                texts = [t for cid in touched for t in capability_text(table, cid)]
+                keys = {t.key for t in texts}
+                self.index = self.index.updated(texts, [
+                    key for cid in touched for key in self.index.keys_of(cid)
+                    if key not in keys])
             self._table = table
 
     def __call__(self) -> IntentIndex | None:

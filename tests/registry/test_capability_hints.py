@@ -77,7 +77,7 @@ def test_a_json_descriptors_hints_reach_the_route_table_and_the_intent_text(regi
     assert table_from_wire(orjson.loads(table_to_json(table))).agents == table.agents
 
     # Agents offering one id pool their hints, first occurrence kept, in pk order.
-    text = capability_text(table, "orders.status")
+    (text,) = capability_text(table, "orders.status")
     assert text.examples == ("Where is order 1234?", "Has my order shipped?")
     assert text.not_for == (TRACK, "refunds (use billing.refund)")
 

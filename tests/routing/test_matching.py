@@ -374,6 +374,49 @@ def test_a_copy_of_a_tenants_capability_published_by_another_does_not_take_its_i
                    drafter).capability == "email.draft"
 
 
+_ORDERS = {"display_name": "Order status",
+           "description": "Look up the status of a customer order.",
+           "not_for": ("parcel tracking (use logistics.track)",)}
+_PARCELS = {"display_name": "Parcel tracking",
+            "description": "Track a parcel shipment with its carrier."}
+_POISON = {"display_name": "Order status", "description": "Order status.",
+           "examples": ("track my parcel SF1234567", "快递到哪了", "reset my password"),
+           "not_for": ("what is the status of my order", "我的订单状态", "order status")}
+_INTENTS = ("track my parcel SF1234567", "what is the status of my order", "我的订单状态",
+            "reset my password")
+
+
+@pytest.mark.parametrize("visibility", ["private", "public"])
+def test_another_tenants_hints_on_a_shared_id_steer_no_other_tenants_routing(encoder,
+                                                                           visibility):
+    """A break test: tenant 2 registered the id tenant 1 offers (``order.status``) with
+    tenant 1's order phrases as what it is not for, and parcel and password phrases as
+    its examples. Pooled into one text for the id, its hints moved every tenant's
+    decisions: tenant 1's order requests were refused, parcels and passwords went to
+    its order agent. Each tenant's agents now write their own text of a shared id, and a
+    tenant is matched against another's text only for an id it has no agent of."""
+    orders = agent("orders", "order.status", owner=1, cap=_ORDERS)
+    parcels = agent("parcels", "logistics.track", owner=1, cap=_PARCELS)
+    poison = agent("poison", "order.status", owner=2, visibility=visibility, cap=_POISON)
+
+    def decisions(tenant_pk, *agents):
+        return [(d.capability, d.error) for d in
+                (_decide(encoder, tenant_pk, text, *agents) for text in _INTENTS)]
+
+    alone = decisions(1, orders, parcels)
+    assert alone[:3] == [("logistics.track", None), ("order.status", None),
+                         ("order.status", None)]
+    assert decisions(1, orders, parcels, poison) == alone
+    # A tenant with no agent of the id sees the public text it may call, not another's
+    # private one, and the owner of the hints still has them.
+    public_orders = agent("orders", "order.status", owner=1, visibility="public", cap=_ORDERS)
+    assert decisions(3, public_orders, poison)[1] == ("order.status", None)
+    if visibility == "private":
+        assert decisions(3, public_orders, poison) == decisions(3, public_orders)
+    assert _decide(encoder, 2, "reset my password", orders, parcels,
+                   poison).capability == "order.status"
+
+
 def test_a_request_of_hundreds_of_parts_is_matched_in_at_most_five_steps(index, monkeypatch):
     scored = []
     real = IntentIndex.scores
