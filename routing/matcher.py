@@ -60,11 +60,6 @@ LEXICAL_SHORTLIST = 64
 MAX_STEPS = 5
 # Two matches closer than this are a coin toss: a caller may ask to confirm.
 AMBIGUITY_MARGIN = 0.03
-# A capability the caller owns or was granted goes first when it matches within this of
-# another tenant's public one: a near tie is no reason to hand a tenant's request (and its
-# input) to a rival, whose copy of the tenant's description would otherwise win it on an
-# index order. Twice the ambiguity margin: within it the two are a tie anyway.
-HOME_MARGIN = 2 * AMBIGUITY_MARGIN
 # Confidence is a logistic of the best score's distance to the threshold.
 CONFIDENCE_SCALE = 0.05
 
@@ -478,8 +473,8 @@ class IntentIndex:
         """Every capability at or above the threshold, best first. ``learned``: the
         calling tenant's learned phrases (items with ``capability_id`` and ``phrase``);
         ``allowed``: the slots the caller may see (``allowed_slots``), None for all;
-        ``home``: the slots of its own and granted capabilities, first within
-        ``HOME_MARGIN`` of the best (None: no preference)."""
+        ``home``: the slots of its own and granted capabilities, which go first when
+        they match (None: no preference)."""
         return self._scored(text, learned, allowed, home)[0]
 
     def allowed_slots(self, visible: Callable[[CapabilityText], bool]) -> np.ndarray:
@@ -557,12 +552,15 @@ class IntentIndex:
             ids: set[str] = set()
             matched = [s for s in matched
                        if s.capability_id not in ids and not ids.add(s.capability_id)]
-        if home is not None and matched and not matched[0].exact \
-                and not self._seen(matched[0].capability_id, home):
-            own = next((s for s in matched[1:] if self._seen(s.capability_id, home)), None)
-            if own is not None and own.score >= matched[0].score - HOME_MARGIN:
-                matched.remove(own)
-                matched.insert(0, own)
+        if home is not None and matched and not matched[0].exact:
+            # The caller's own and granted capabilities that match go first: another
+            # tenant's public one is a fallback, never a rival. Its text is another
+            # tenant's to write, and one stuffed with this tenant's phrases outscores
+            # any honest description: no margin would keep its intents (and inputs) home.
+            own = [s for s in matched if self._seen(s.capability_id, home)]
+            if own and own[0] is not matched[0]:
+                matched = [*own, *(s for s in matched if not self._seen(s.capability_id,
+                                                                         home))]
         return matched, sorted(near, key=key)
 
     def _learned_lexical(self, text: str, learned: Sequence) -> dict[str, float]:
@@ -622,8 +620,8 @@ class IntentIndex:
         if not ranked:
             return {"confidence": 0.0, "margin": 0.0}
         best = ranked[0].score
-        # Below zero when the caller's own capability went first on a near tie: as
-        # unsure as a tie (``HOME_MARGIN``).
+        # Below zero when the caller's own capability went first though another
+        # tenant's public one scored higher: as unsure as a tie.
         margin = max(0.0, best - (ranked[1].score if len(ranked) > 1 else 0.0))
         confidence = 1.0 / (1.0 + math.exp(-(best - self.threshold) / CONFIDENCE_SCALE))
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}

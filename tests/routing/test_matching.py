@@ -347,15 +347,18 @@ def _decide(encoder, tenant_pk: int, text: str, *agents):
                                       pick=False)
 
 
-def test_a_copy_of_a_tenants_capability_published_by_another_does_not_take_its_intents(
-        encoder):
+def test_another_tenants_public_capability_does_not_take_a_tenants_intents(encoder):
     """A break test: another tenant published a public capability under a different id
-    with the victim's description and examples copied; on the tie its id, sorted first,
-    took the victim's intent calls (and their inputs). The caller's own capability goes
-    first on a near tie; others still reach the copy, and a far better public match still
-    wins over a tenant's own weak one."""
+    with the victim's description copied (a tie its id, sorted first, won) or stuffed
+    with the victim's phrases as examples (it outscored the victim's honest text), and
+    took the victim's intent calls and their inputs. The caller's own capabilities that
+    match go first; other tenants still reach the public one, and it remains the
+    fallback for what none of the caller's own matches."""
     mine = agent("tracker", "parcel.track", owner=1, cap=_TRACKING)
     copy = agent("copycat", "aaa.track", owner=2, visibility="public", cap=_TRACKING)
+    stuffed = agent("stuffed", "parcel.finder", owner=2, visibility="public", cap={
+        "display_name": "Parcel finder", "description": "where is my parcel, parcel tracking",
+        "examples": ("where is my parcel now?", "我的包裹什么时候送到", "track my parcel")})
     drafter = agent("drafter", "email.draft", owner=2, visibility="public",
                     cap={"display_name": "Email drafting",
                          "description": "Drafts business emails and replies."})
@@ -364,12 +367,14 @@ def test_a_copy_of_a_tenants_capability_published_by_another_does_not_take_its_i
         decided = _decide(encoder, 1, text, mine, copy, drafter)
         assert decided.capability == "parcel.track", text
         assert decided.matches[1].capability_id == "aaa.track"  # listed, not chosen
-        assert decided.needs_confirmation  # a tie it broke, and says so
+        assert decided.needs_confirmation  # it outscored nobody, and says so
+        assert _decide(encoder, 3, text, mine, stuffed).capability == "parcel.finder"
+        assert _decide(encoder, 1, text, mine, stuffed).capability == "parcel.track", text
     # Each step of a plan too.
     planned = _decide(encoder, 1, "track my parcel, then draft an email to the customer "
                       "about the delay", mine, copy, drafter)
     assert planned.plan == ("parcel.track", "email.draft")
-    # Not a wall: a public capability that fits far better is still chosen.
+    # What none of its own matches still reaches a public capability.
     assert _decide(encoder, 1, "draft a polite email declining the meeting", mine, copy,
                    drafter).capability == "email.draft"
 
