@@ -30,6 +30,7 @@ from reach_core.errors import ReachError
 from reach_core.kinds import FeedbackSource, Outcome
 from routing.router import RouteRequest, capability_visible
 from routing.table import ApiKeyEntry, RouteTable
+from routing.text import says_nothing
 
 MAX_INTENT_CHARS = 1000
 MAX_CAPABILITY_CHARS = 128
@@ -83,7 +84,7 @@ class FeedbackRecorder:
                     f"is not a known field (known here: {', '.join(_FIELDS)})"]
         intent, capability = body.get("intent"), body.get("capability")
         routed_to = body.get("routed_to")
-        if not isinstance(intent, str) or not intent.strip():
+        if not isinstance(intent, str) or says_nothing(intent):
             problems["intent"] = ["is required: the request's text"]
         elif len(intent) > MAX_INTENT_CHARS or "\x00" in intent:
             problems["intent"] = [f"must be 1 to {MAX_INTENT_CHARS} characters of text"]
@@ -110,7 +111,7 @@ class FeedbackRecorder:
     def tried(self, key: ApiKeyEntry, intent: str | None, routed_to: str | None) -> None:
         """``key`` asked for ``intent`` and the router chose ``routed_to`` (None: nothing)
         in a dry run, or in a call that failed: remember it for ``window_s``."""
-        if not intent or not intent.strip() or len(intent) > MAX_INTENT_CHARS \
+        if not intent or says_nothing(intent) or len(intent) > MAX_INTENT_CHARS \
                 or "\x00" in intent:
             return
         self._tried[key.pk] = _Tried(key.tenant_pk, intent, routed_to or "", self._clock())

@@ -187,3 +187,10 @@ def _too_short(part: str) -> bool:
     if cjk >= 4 or len(_WORD.findall(normalise(part))) >= 2:
         return False
     return not _ACTION.search(normalise(part))
+
+
+def says_nothing(text: str) -> bool:
+    """Whether ``text`` is only spaces and invisible format characters (zero-width
+    spaces, joiners, a BOM): nothing to match, and nothing to learn (a break test taught
+    the router an intent of three zero-width spaces)."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)

@@ -120,12 +120,30 @@ def test_a_request_nothing_matches_is_refused_with_suggestions(gateway):
 
 def test_intents_that_say_nothing_are_refused_as_input(gateway):
     client, agent = gateway
-    for intent in ("   ", "\u0000", "\t\n", "abc\u0000def"):
+    for intent in ("   ", "\u0000", "\t\n", "abc\u0000def", "\u200b\u200b\u200b",
+                   "\ufeff \u200d"):
         answer = client.post("/v1/invoke", json={"intent": intent, "input": {}})
         assert answer.status_code == 400, (intent, answer.text)
         assert answer.json()["error"]["details"]["intent"]
         dry = client.get("/v1/route", params={"intent": intent})
         assert dry.status_code == 400
+        taught = client.post("/v1/route/feedback",
+                             json={"intent": intent, "capability": "weather.forecast"})
+        assert taught.status_code == 400 and taught.json()["error"]["details"]["intent"]
+    assert calls(agent) == 0
+
+
+def test_the_chat_doors_intent_header_is_held_to_the_same_rules(gateway):
+    """A break test: the header took the 15,000 characters (and the NUL) the body's
+    field refused, and its matching held every tenant's calls for 1.5 s."""
+    client, agent = gateway
+    body = {"model": "intent", "messages": [{"role": "user", "content": "hi"}]}
+    for value, problem in (("q " + "a," * 7500, "too long"), ("weather%00", "empty or NUL"),
+                           ("%E2%80%8B%E2%80%8B", "empty or NUL")):
+        answer = client.post("/v1/chat/completions", json=body,
+                             headers={"X-Reach-Intent": value})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["details"] == {"X-Reach-Intent": [problem]}
     assert calls(agent) == 0
 
 
