@@ -169,6 +169,29 @@ def test_the_intent_cpu_bucket_refills_at_its_rate():
         cpu.check(1)
 
 
+def test_all_tenants_together_get_one_share_and_a_quiet_tenant_is_still_served():
+    """A break test: six tenants, each within its own share, held a seventh's calls for
+    up to 2 s. Every tenant together has one more bucket of the same size; once it is
+    spent the tenants spending are refused, and a tenant that matched nothing lately
+    is still served."""
+    from gateway.intent_cpu import IntentCpu
+    from reach_core.errors import ReachError
+    from tests.support.clock import FakeClock
+
+    clock = FakeClock()
+    cpu = IntentCpu(ms_per_s=100, burst_ms=50, clock=clock)
+    for tenant in (1, 2, 3):
+        cpu.check(tenant)
+        cpu.charge(tenant, 30)  # each 20 ms left of its own; all together 40 ms over
+    for tenant in (1, 2, 3):
+        with pytest.raises(ReachError) as refused:
+            cpu.check(tenant)
+        assert refused.value.code == "rate_limited" and refused.value.retry_after == 1
+    cpu.check(4)  # quiet: served
+    clock.advance(0.41)  # all together back in credit
+    cpu.check(1)
+
+
 def multiplying_schema(levels: int) -> dict:
     """1 KB that checks one value 2^levels times: each level an anyOf of two references
     to the level below (a break test froze a gateway with 25 levels)."""
