@@ -38,7 +38,12 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from routing.embedders import configured_embedder  # noqa: E402
-from routing.evaluation import evaluate, load_catalogue, load_requests  # noqa: E402
+from routing.evaluation import (  # noqa: E402
+    evaluate,
+    fitted_calibration,
+    load_catalogue,
+    load_requests,
+)
 from routing.matcher import IntentIndex  # noqa: E402
 from routing.router import IntentIndexHolder, Router, RouteRequest  # noqa: E402
 from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable  # noqa: E402
@@ -113,9 +118,18 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=5)
     parser.add_argument("--intent-calls", type=int, default=1_000)
     parser.add_argument("--id-calls", type=int, default=20_000)
+    parser.add_argument("--calibrate", action="store_true",
+                        help="fit matcher.CALIBRATION on the tuning set, print it and stop")
     args = parser.parse_args()
 
     encoder = configured_embedder("multilingual")
+    if args.calibrate:
+        tuning = load_requests(EVAL / "tuning.jsonl")
+        for name, embedder in (("semantic", encoder), ("lexical", None)):
+            fitted = fitted_calibration(
+                IntentIndex(load_catalogue(EVAL / "catalogue.json"), embedder=embedder), tuning)
+            print(f"{name}: " + ", ".join(f"{w:.3f}" for w in fitted))
+        return
     index = IntentIndex(load_catalogue(EVAL / "catalogue.json"), embedder=encoder)
     rows = load_requests(EVAL / f"{args.set}.jsonl")
     report = evaluate(index, rows)
@@ -130,6 +144,11 @@ def main() -> None:
           f"refusals {report.refusals.rate:.3f} ({report.refusals.hits}/{report.refusals.total});"
           f" wrongly refused {report.wrongly_refused.rate:.3f} "
           f"({report.wrongly_refused.hits}/{report.wrongly_refused.total})")
+    right = sum(r for _, r in report.sureness) / max(1, len(report.sureness))
+    confidence = sum(c for c, _ in report.sureness) / max(1, len(report.sureness))
+    print(f"  confidence over {len(report.sureness)} decisions naming one capability: mean "
+          f"{confidence:.3f}, right {right:.3f}, calibration error "
+          f"{report.calibration_error():.3f}")
     print(f"  decision latency over {len(report.latencies_ms)} requests: p50 "
           f"{statistics.median(report.latencies_ms):.2f} ms, p99 {report.p99_ms():.2f} ms")
     if args.confusions and name != "sealed":

@@ -19,7 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from routing.matcher import CapabilityText, IntentIndex
+import numpy as np
+
+from routing.matcher import CALIBRATION_LEAD_CAP, CapabilityText, IntentIndex, Match
 
 OUT_OF_SCOPE = "out_of_scope"
 MULTI_STEP = "multi_step"
@@ -69,6 +71,21 @@ class Report:
     wrongly_refused: Tally = field(default_factory=Tally)
     confusions: list[tuple[str, str, str]] = field(default_factory=list)  # request, want, got
     latencies_ms: list[float] = field(default_factory=list)
+    # Per decision naming one capability (out-of-scope requests included): its
+    # confidence, and whether it was right.
+    sureness: list[tuple[float, bool]] = field(default_factory=list)
+
+    def calibration_error(self, bins: int = 10) -> float:
+        """Expected calibration error: the mean gap between confidence and the share
+        right, over ten equal-width confidence bins weighted by their decisions."""
+        if not self.sureness:
+            return 0.0
+        confidence = np.array([c for c, _ in self.sureness])
+        right = np.array([r for _, r in self.sureness], dtype=float)
+        which = np.minimum((confidence * bins).astype(int), bins - 1)
+        return float(sum(abs(confidence[which == b].mean() - right[which == b].mean())
+                         * (which == b).sum() for b in range(bins) if (which == b).any())
+                     / len(confidence))
 
     @property
     def hit_rate(self) -> float:
@@ -84,7 +101,10 @@ class Report:
 
 def answer(index: IntentIndex, text: str) -> tuple[str, ...]:
     """What the matcher decided, as ids: the plan, the best capability, or () refused."""
-    match = index.match(text)
+    return decided(index.match(text))
+
+
+def decided(match: Match) -> tuple[str, ...]:
     if match.plan:
         return match.plan
     return (match.best.capability_id,) if match.best else ()
@@ -94,7 +114,8 @@ def evaluate(index: IntentIndex, rows: list[dict]) -> Report:
     report = Report()
     for row in rows:
         started = time.perf_counter()
-        got = answer(index, row["request"])
+        match = index.match(row["request"])
+        got = decided(match)
         report.latencies_ms.append((time.perf_counter() - started) * 1000)
         kind = row.get("kind", "plain")
         if kind == OUT_OF_SCOPE or (row.get("expected") is None and not row.get("expected_plan")):
@@ -110,7 +131,34 @@ def evaluate(index: IntentIndex, rows: list[dict]) -> Report:
                 report.top1.add(hit)
                 report.by_lang[row.get("lang", "?")].add(hit)
                 report.by_kind[kind].add(hit)
+        if len(got) == 1 and len(want) <= 1:
+            report.sureness.append((match.confidence, got == want))
         if got != want:
             report.confusions.append((row["request"], " -> ".join(want) or "(refuse)",
                                       " -> ".join(got) or "(refused)"))
     return report
+
+
+def fitted_calibration(index: IntentIndex, rows: list[dict]) -> tuple[float, float, float]:
+    """``matcher.CALIBRATION``'s coefficients for ``index``'s matcher, fitted on ``rows``
+    (the tuning set): a logistic regression of "the decision was right" on the best
+    score (against the default threshold) and its capped lead, over every decision that
+    names one capability, out-of-scope requests included. Newton's method, lightly
+    regularised."""
+    features, right = [], []
+    for row in rows:
+        match = index.match(row["request"])
+        if match.plan or not match.ranked or row.get("expected_plan"):
+            continue
+        features.append((1.0, match.ranked[0].score - index.default_threshold,
+                         min(match.margin, CALIBRATION_LEAD_CAP)))
+        right.append(match.ranked[0].capability_id == row.get("expected"))
+    x, y = np.array(features), np.array(right, dtype=float)
+    w = np.zeros(3)
+    for _ in range(50):
+        p = 1.0 / (1.0 + np.exp(-x @ w))
+        gradient = x.T @ (p - y) + 1e-3 * w
+        hessian = x.T @ (x * (p * (1 - p))[:, None]) + 1e-3 * np.eye(3)
+        w -= np.linalg.solve(hessian, gradient)
+    return float(w[0]), float(w[1]), float(w[2])
+

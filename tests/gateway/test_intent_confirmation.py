@@ -48,7 +48,11 @@ def gateway(transactional_db, tmp_path):
         key = factories.api_key(tenant=tenant, scopes=[ApiKeyScope.INVOKE]).plaintext
         env = platform_env(tmp_path, DATABASE_URL=database_url(),
                            REACH_CREDENTIAL_KEYS=",".join(settings.CREDENTIAL_KEYS),
-                           REACH_INTENT_EMBEDDER="multilingual")
+                           REACH_INTENT_EMBEDDER="multilingual",
+                           # The tenant's share of matching CPU is tested on an injected
+                           # clock (test_tenant_share); here it would make the answers
+                           # depend on how busy the machine is.
+                           REACH_GATEWAY_INTENT_CPU_MS_PER_S="0")
         port = free_port()
         with running(uvicorn_args(port), env=env, port=port, log=tmp_path / "gw.log") as base:
             client = httpx.Client(base_url=base, timeout=30,
