@@ -176,6 +176,15 @@ def _not_the_gateways(response: httpx.Response, what: str) -> GatewayUnreachable
         "message": f"HTTP {response.status_code} that is not the gateway's {what} ({kind})"})
 
 
+def _a_task(response: httpx.Response, check) -> dict:
+    """A task as the gateway describes it: an answer without a ``state`` is not the
+    gateway's (``wait`` would fail on it with a ``KeyError``)."""
+    task = check(response)
+    if not isinstance(task.get("state"), str):
+        raise _not_the_gateways(response, "task")
+    return task
+
+
 def _unreachable(exc: httpx.TransportError) -> GatewayUnreachable:
     never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
     return GatewayUnreachable(0, {
@@ -344,7 +353,8 @@ class ReachClient(_Base):
         return self._check(response)
 
     def task(self, task_id: str) -> dict:
-        return self._check(self._http.get(f"/v1/tasks/{task_id}", headers=self._auth))
+        return _a_task(self._http.get(f"/v1/tasks/{task_id}", headers=self._auth),
+                       self._check)
 
     def tasks(self, *, state: str | None = None, limit: int = 100, offset: int = 0) -> dict:
         params = {"limit": limit, "offset": offset} | ({"state": state} if state else {})
@@ -450,7 +460,8 @@ class AsyncReachClient(_Base):
         return self._check(response)
 
     async def task(self, task_id: str) -> dict:
-        return self._check(await self._http.get(f"/v1/tasks/{task_id}", headers=self._auth))
+        return _a_task(await self._http.get(f"/v1/tasks/{task_id}", headers=self._auth),
+                       self._check)
 
     async def wait(self, task_id: str, *, timeout: float | None = None, poll_s: float = 0.25,
                    until: frozenset = FINAL | WAITING) -> dict:

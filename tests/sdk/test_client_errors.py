@@ -104,3 +104,25 @@ def test_an_answer_that_is_not_the_gateways_is_gateway_unreachable_not_retryable
             asyncio.run(twin())
     finally:
         server.close()
+
+
+def test_a_task_answer_without_a_state_is_not_the_gateways():
+    """``wait`` read ``task["state"]`` and failed with a bare ``KeyError`` on a JSON
+    object that was no task (a proxy's ``{}``)."""
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 2\r\n\r\n{}")
+    try:
+        with ReachClient(server.base, "rk_x", timeout=2) as reach:
+            for read in (lambda: reach.task("t1"), lambda: reach.wait("t1", timeout=1)):
+                with pytest.raises(GatewayUnreachable) as broken:
+                    read()
+                assert broken.value.retryable is False
+
+        async def twin():
+            async with AsyncReachClient(server.base, "rk_x", timeout=2) as reach:
+                await reach.wait("t1", timeout=1)
+
+        with pytest.raises(GatewayUnreachable):
+            asyncio.run(twin())
+    finally:
+        server.close()
