@@ -17,7 +17,7 @@ import pytest
 
 from routing.embedders import configured_embedder
 from routing.evaluation import evaluate, fitted_calibration, load_catalogue, load_requests
-from routing.matcher import CALIBRATION, CapabilityText, IntentIndex
+from routing.matcher import CALIBRATION, CapabilityText, IntentIndex, Score
 from routing.router import IntentIndexHolder, Router, RouteRequest
 from routing.text import clauses
 from tests.routing.tables import agent, table
@@ -433,6 +433,30 @@ def test_another_tenants_hints_on_a_shared_id_steer_no_other_tenants_routing(enc
         assert decisions(3, public_orders, poison) == decisions(3, public_orders)
     assert _decide(encoder, 2, "reset my password", orders, parcels,
                    poison).capability == "order.status"
+
+
+def test_only_the_best_match_of_the_whole_request_may_cover_its_steps(monkeypatch):
+    """A break test: for "summarize the report, after that email it to the team" the
+    runner-up of the whole request (a drafting capability, fair on both parts) was taken
+    as covering it, and the call became one draft step: the summary was lost and the
+    mail not sent. Scores are fixed here; the rule is what is tried."""
+    index = IntentIndex([CapabilityText(c) for c in ("text.summarize", "email.send",
+                                                     "email.draft")])
+    text = "summarize the report, after that email it to the team"
+    whole = [Score("email.send", 0.52), Score("email.draft", 0.42),
+             Score("text.summarize", 0.26)]
+    parts = {"summarize the report": [Score("text.summarize", 0.30),
+                                      Score("email.draft", 0.22)],
+             "email it to the team": [Score("email.send", 0.81), Score("email.draft", 0.58)]}
+    monkeypatch.setattr(IntentIndex, "_scored", lambda self, t, *a: (
+        whole if t == text else parts[t], []))
+    match = index.match(text)
+    assert match.plan == ("text.summarize", "email.send") and not match.covered
+    # The best match itself fair on every part does cover it: one step.
+    whole[:2] = [Score("email.draft", 0.6), Score("email.send", 0.52)]
+    covered = index.match(text)
+    assert covered.covered and not covered.plan and covered.best.capability_id == "email.draft"
+    assert covered.margin >= 0
 
 
 def test_a_request_of_hundreds_of_parts_is_matched_in_at_most_five_steps(index, monkeypatch):
