@@ -392,12 +392,12 @@ class Pipeline:
         of this process's CPU (``gateway.intent_cpu``), refused once that is spent."""
         if route.intent is None or route.capability is not None:
             return self.router.route(table, route, **options)
-        self.intent_cpu.check(route.tenant_pk)
+        buckets = self.intent_cpu.check(route.tenant_pk)
         started = time.perf_counter()
         try:
             return self.router.route(table, route, **options)
         finally:
-            self.intent_cpu.charge(route.tenant_pk, (time.perf_counter() - started) * 1000)
+            self.intent_cpu.charge(buckets, (time.perf_counter() - started) * 1000)
 
     def _route(self, table: RouteTable, call: Call, ctx: CallContext,
                exclude: frozenset[int] = frozenset()) -> tuple[Candidate, dict]:

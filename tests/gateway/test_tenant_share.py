@@ -153,42 +153,47 @@ def test_the_intent_cpu_bucket_refills_at_its_rate():
 
     clock = FakeClock()
     cpu = IntentCpu(ms_per_s=100, burst_ms=50, clock=clock)
-    cpu.check(1)
-    cpu.charge(1, 80)  # 30 ms over
+    cpu.charge(cpu.check(1), 80)  # 30 ms over
     with pytest.raises(ReachError) as refused:
         cpu.check(1)
     assert refused.value.retry_after == 1
-    cpu.check(2)  # another tenant's bucket is its own
+    cpu.check(2)  # another tenant's bucket is its own (and it is quiet)
     clock.advance(0.31)  # 31 ms back: in credit again
     cpu.check(1)
     clock.advance(100)
-    cpu.charge(1, 49)
+    cpu.charge(cpu.check(1), 49)
     cpu.check(1)  # refilled to the burst, not past it: 1 ms left
-    cpu.charge(1, 1)
+    cpu.charge((1,), 1)
     with pytest.raises(ReachError):
         cpu.check(1)
 
 
 def test_all_tenants_together_get_one_share_and_a_quiet_tenant_is_still_served():
     """A break test: six tenants, each within its own share, held a seventh's calls for
-    up to 2 s. Every tenant together has one more bucket of the same size; once it is
-    spent the tenants spending are refused, and a tenant that matched nothing lately
-    is still served."""
+    up to 2 s; then, in the re-test, tenants whose own buckets refilled while they were
+    refused came back in as "quiet" ones, and twelve got 1 s of CPU per second. Every
+    tenant together has one more bucket of the same size; once it is spent, the tenants
+    asking are refused, and one that asked for nothing lately is served from one more
+    bucket for such tenants, no further."""
     from gateway.intent_cpu import IntentCpu
     from reach_core.errors import ReachError
     from tests.support.clock import FakeClock
 
     clock = FakeClock()
     cpu = IntentCpu(ms_per_s=100, burst_ms=50, clock=clock)
-    for tenant in (1, 2, 3):
-        cpu.check(tenant)
-        cpu.charge(tenant, 30)  # each 20 ms left of its own; all together 40 ms over
-    for tenant in (1, 2, 3):
+    for tenant in (1, 2):
+        cpu.charge(cpu.check(tenant), 30)  # each 20 ms left; all together 10 ms over
+    for tenant in (1, 2):
         with pytest.raises(ReachError) as refused:
             cpu.check(tenant)
         assert refused.value.code == "rate_limited" and refused.value.retry_after == 1
-    cpu.check(4)  # quiet: served
-    clock.advance(0.41)  # all together back in credit
+    cpu.charge(cpu.check(3), 20)  # quiet: served; the quiet tenants' 12.5 ms are spent
+    with pytest.raises(ReachError):
+        cpu.check(4)  # quiet too, but nothing is left for quiet tenants
+    clock.advance(0.3)  # tenant 2's own bucket is full again; all together still over
+    with pytest.raises(ReachError):
+        cpu.check(2)  # it kept asking: not quiet
+    clock.advance(1.0)  # all together back in credit
     cpu.check(1)
 
 
