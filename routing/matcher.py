@@ -623,7 +623,12 @@ class IntentIndex:
         # test: "summarize the report, after that email it to the team" became one draft
         # step); on the tuning and development sets it had decided one request, wrongly.
         best = whole[0] if whole else None
-        if best is not None and best.capability_id not in plan and all(
+        # Another tenant's public capability never covers steps the caller's own match
+        # (a re-test: a stuffed one took "where is my order 12345 and then reset my
+        # password", and its input, from the owner of both steps' capabilities).
+        foreign = home is not None and best is not None and not self._seen(
+            best.capability_id, home) and any(self._seen(cid, home) for cid in plan)
+        if best is not None and best.capability_id not in plan and not foreign and all(
             _score_of(r, best.capability_id) >= COVER_SHARE * r[0].score
             for r in per_clause if r
         ):
@@ -634,9 +639,10 @@ class IntentIndex:
         if not ranked:
             return {"confidence": 0.0, "margin": 0.0}
         best = ranked[0].score
-        # Below zero when the caller's own capability went first though another
-        # tenant's public one scored higher: as unsure as a tie.
-        margin = max(0.0, best - (ranked[1].score if len(ranked) > 1 else 0.0))
+        # The lead over the best of the others: below zero (a tie, as unsure) when the
+        # caller's own capability went first though another tenant's public one scored
+        # higher, whichever place that one took after the caller's others.
+        margin = max(0.0, best - max((r.score for r in ranked[1:]), default=0.0))
         confidence = calibrated(best, margin, semantic=self._embedder is not None)
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
 

@@ -392,6 +392,46 @@ def test_another_tenants_public_capability_does_not_take_a_tenants_intents(encod
                    drafter).capability == "email.draft"
 
 
+def test_a_stuffed_public_capability_does_not_pass_unasked(encoder):
+    """The re-test: where the victim had two matching capabilities, the one chosen led
+    its own runner-up, and the decision did not say that another tenant's public one
+    had scored higher (nor did "ask" ask)."""
+    lookup = agent("lookup", "orders.lookup", owner=1, cap={
+        "display_name": "Order lookup", "description": "Looks up a customer order."})
+    history = agent("history", "orders.history", owner=1, cap={
+        "display_name": "Order history", "description": "Lists a customer's orders."})
+    support = agent("support", "zz.support", owner=2, visibility="public", cap={
+        "display_name": "Support", "description": "check my order status",
+        "examples": ("check my order status", "where is my order")})
+    decided = _decide(encoder, 1, "check my order status", lookup, history, support)
+    ours = [m for m in decided.matches if m.capability_id != "zz.support"]
+    assert len(ours) == 2 and decided.capability == ours[0].capability_id
+    assert max(m.score for m in decided.matches) > decided.matches[0].score
+    assert decided.needs_confirmation and decided.margin == 0
+
+
+def test_another_tenants_capability_never_covers_steps_the_callers_own_match(monkeypatch):
+    """The re-test: a public capability stuffed with the victim's phrases "covered" its
+    two-step request (and took its input). Scores are fixed here: the victim's own
+    capabilities match each step, the public one matches the whole and both steps."""
+    index = IntentIndex([CapabilityText(c) for c in ("orders.lookup",
+                                                     "account.password_reset",
+                                                     "zz.support")])
+    text = "where is my order 12345 and then reset my password"
+    whole = [Score("zz.support", 0.9)]
+    parts = {"where is my order 12345": [Score("orders.lookup", 0.5),
+                                         Score("zz.support", 0.85)],
+             "reset my password": [Score("account.password_reset", 0.6),
+                                   Score("zz.support", 0.8)]}
+    monkeypatch.setattr(IntentIndex, "_scored", lambda self, t, *a: (
+        list(whole) if t == text else list(parts[t]), []))
+    home = index.allowed_slots(lambda c: c.capability_id != "zz.support")
+    mine = index.match(text, home=home)
+    assert mine.plan == ("orders.lookup", "account.password_reset") and not mine.covered
+    # A tenant with none of its own: the public capability covers the request.
+    assert index.match(text).covered
+
+
 _ORDERS = {"display_name": "Order status",
            "description": "Look up the status of a customer order.",
            "not_for": ("parcel tracking (use logistics.track)",)}
