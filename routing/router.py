@@ -309,23 +309,14 @@ def _trusted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
 _INVISIBLE = frozenset({"not_granted", "namespace"})
 
 
-def _trusted_first(table: RouteTable, tenant_pk: int, kept: list, capability_id: str,
-                   dropped: list | None) -> list:
-    """``kept`` without other tenants' public agents while one of the caller's own or
-    granted agents can take the call: a public agent is a fallback, never a rival the
-    caller did not choose (a break test: a tenant published a public agent under another
-    tenant's capability id with weight 1000 and took that tenant's calls, inputs and
-    all). Only when none of its own can take it does a public one get the call."""
-    trusted = [r for r in kept if _trusted(table, tenant_pk, r.agent, r.capability)]
-    if not trusted or len(trusted) == len(kept):
-        return kept
-    if dropped is not None:
-        chosen = {id(r) for r in trusted}
-        dropped.extend(Dropped(r.agent.name, capability_id, "not_own",
-                               "another tenant's public agent: the tenant's own and granted "
-                               "agents first", r.instance.pk)
-                       for r in kept if id(r) not in chosen)
-    return trusted
+# Another tenant's public agent under an id one of the caller's own or granted agents
+# offers is never the caller's: not as a rival (a break test: one published under
+# another tenant's id with weight 1000 took its calls, inputs and all), nor as the
+# fallback while the caller's own are drained or down (the re-test: a deploy of the
+# owner's agent handed its calls to whoever had published the same id). Only a call
+# that names that agent reaches it.
+NOT_OWN = ("not_own", "another tenant's public agent: the tenant's own or granted agents "
+           "offer this capability")
 
 
 def visible_to(table: RouteTable, tenant_pk: int, agent: AgentEntry,
@@ -640,6 +631,7 @@ class Router:
         kept: list[_Row] = []
         agent_reason: dict[int, tuple[str, str] | None] = {}
         instance_reasons: set[str] = set()  # why instances of offered agents were dropped
+        has_own: bool | None = None  # one of the caller's own or granted agents offers it
         live = table.live
         for row in prepared.rows:
             if live and row.instance is not None and row.instance.pk in live:
@@ -651,6 +643,12 @@ class Router:
                     table, request, agent, row.capability)
             if reason is None:
                 reason = row.static_reason
+            if reason is None and not request.agent and not _trusted(
+                    table, request.tenant_pk, agent, row.capability):
+                if has_own is None:
+                    has_own = capability_trusted(table, request.tenant_pk, capability_id)
+                if has_own:  # the agent's, like the filters' (not its instance's)
+                    reason = agent_reason[agent.pk] = NOT_OWN
             if reason is None:  # time-dependent, so never cached with the table
                 reason = lease_reason(row.instance, now)
             if reason is None and row.instance.pk in open_breakers:
@@ -668,9 +666,6 @@ class Router:
                 # private agent is never named, not even as dropped.
                 dropped.append(Dropped(agent.name, capability_id, reason[0], reason[1],
                                        row.instance.pk if row.instance else None))
-        if len(kept) > 1:
-            kept = _trusted_first(table, request.tenant_pk, kept, capability_id,
-                                  dropped if explain else None)
         if len(kept) > 1:
             kept = self._prefer_answering(kept, capability_id, dropped if explain else None)
         if not kept:

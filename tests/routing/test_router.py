@@ -244,10 +244,12 @@ def test_a_dry_run_explains_every_component_and_does_not_advance_the_balancer():
     assert first_real == fresh  # the dry run left the cycle where it was
 
 
-def test_the_tenants_own_agents_come_before_another_tenants_public_one():
-    """A public agent of another tenant under the same capability id, weighted 10x, gets
-    none of the caller's calls while the caller's own agent can take them, and all of
-    them once it cannot (a break test: such an agent took another tenant's calls)."""
+def test_another_tenants_public_agent_never_takes_an_id_the_tenant_offers():
+    """A public agent of another tenant under the caller's capability id, weighted 10x,
+    gets none of the caller's calls (a break test: such an agent took another tenant's
+    calls), not even while the caller's own agent is down or drained (the re-test: a
+    deploy of the owner's agent handed its calls to the squatter); a call that names it
+    does reach it, and a tenant with no agent of the id reaches it."""
     mine, theirs = agent("mine"), agent("shadow", owner=2, visibility="public", weight=1000)
     router = Router()
     picks = Counter(router.route(table(mine, theirs), request()).chosen.agent.name
@@ -261,6 +263,15 @@ def test_the_tenants_own_agents_come_before_another_tenants_public_one():
     granted = table(mine, theirs, grants=(grant(1, agent_pk=theirs.pk),))
     assert {router.route(granted, request()).chosen.agent.name for _ in range(40)} == {
         "mine", "shadow"}
-    # Its own agent down: the public one is the fallback.
-    down = agent("mine", instances=(inst(state="offline"),))
-    assert router.route(table(down, theirs), request()).chosen.agent.name == "shadow"
+    # Its own agent down or drained: no healthy instance, never the other tenant's.
+    for state in ("offline", "draining"):
+        down = agent("mine", instances=(inst(state=state),))
+        refused = router.route(table(down, theirs), request())
+        assert refused.chosen is None and refused.error == "no_healthy_instance", state
+        assert reasons(router.route(table(down, theirs), request(), pick=False))[
+            "shadow"] == "not_own"
+    # Named, it is reached; and by a tenant with no agent of the id.
+    assert router.route(table(down, theirs), request(agent="shadow")).chosen.agent.name == \
+        "shadow"
+    assert router.route(table(down, theirs), request(tenant_pk=3)).chosen.agent.name == \
+        "shadow"
