@@ -14,14 +14,30 @@ import orjson
 
 from reach_core.errors import ReachError
 
+# Headers that decide what a call is or who sends it: given twice, which one counts is
+# a guess the gateway does not make (a re-test: of two X-Reach-Intent headers the last
+# won, the first one never checked).
+SINGLE_HEADERS = frozenset({b"authorization", b"idempotency-key", b"x-reach-intent",
+                            b"x-reach-deadline-ms"})
+_REPEATED = "reach.repeated_headers"
+
 
 def header(scope, name: bytes) -> str | None:
-    """A request header by lower-case name (the last one wins), parsed once per request."""
+    """A request header by lower-case name, parsed once per request; one of
+    ``SINGLE_HEADERS`` given more than once is a 400 (any other: the last one wins)."""
     headers = scope.get("reach.headers")
     if headers is None:
-        headers = scope["reach.headers"] = {
-            key.lower(): value for key, value in scope.get("headers", [])}
+        raw = scope.get("headers", [])
+        headers = scope["reach.headers"] = {key.lower(): value for key, value in raw}
+        if len(headers) < len(raw):
+            seen: set[bytes] = set()
+            scope[_REPEATED] = {key for key in (k.lower() for k, _ in raw)
+                                if key in seen or seen.add(key)}
     value = headers.get(name)
+    if value is not None and name in SINGLE_HEADERS and name in scope.get(_REPEATED, ()):
+        label = name.decode().title()
+        raise ReachError("invalid_input", f"{label} is given more than once: send it once.",
+                         details={label: ["repeated"]})
     return value.decode("latin-1") if value is not None else None
 
 

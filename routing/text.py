@@ -189,8 +189,15 @@ def _too_short(part: str) -> bool:
     return not _ACTION.search(normalise(part))
 
 
+# Letters and symbols drawn as nothing: the Hangul fillers and the blank braille cell.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
 def says_nothing(text: str) -> bool:
-    """Whether ``text`` is only spaces and invisible format characters (zero-width
-    spaces, joiners, a BOM): nothing to match, and nothing to learn (a break test taught
-    the router an intent of three zero-width spaces)."""
-    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
+    """Whether ``text`` is only spaces and characters drawn as nothing: format characters
+    (zero-width spaces, joiners, a BOM), controls, marks with nothing to mark (variation
+    selectors, lone accents) and blank letters. Nothing to match, nothing to learn (a
+    break test taught the router an intent of three zero-width spaces; its re-test, of
+    Hangul fillers, a blank braille cell, variation selectors and lone accents)."""
+    return all(ch.isspace() or ch in _BLANK_LETTERS
+               or unicodedata.category(ch) in ("Cf", "Cc", "Mn", "Me") for ch in text)

@@ -148,6 +148,26 @@ def test_the_chat_doors_intent_header_is_held_to_the_same_rules(gateway):
                              headers={"X-Reach-Intent": value})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["details"] == {"X-Reach-Intent": [problem]}
+    # Given twice, neither is guessed at (the re-test: the last one won, the first, of
+    # 5,000 characters, never checked).
+    for first, second in (("q" * 5000, "weather tomorrow"), ("weather tomorrow", "q" * 5000)):
+        twice = client.post("/v1/chat/completions", json=body, headers=[
+            ("X-Reach-Intent", first), ("X-Reach-Intent", second)])
+        assert twice.status_code == 400, twice.text
+        assert twice.json()["error"]["details"] == {"X-Reach-Intent": ["repeated"]}
+    key = client.headers["Authorization"]
+    for name, value in (("Idempotency-Key", "k1"), ("X-Reach-Deadline-Ms", "5000"),
+                        ("Authorization", key)):
+        twice = client.post("/v1/invoke", json={"capability": "weather.forecast",
+                                                 "input": {}},
+                            headers=[(name, value), (name, value + "0")
+                                     if name != "Authorization" else (name, value)])
+        assert twice.status_code == 400 and twice.json()["error"]["details"] == {
+            name: ["repeated"]}, twice.text
+    # Invisible characters other than spaces and format ones say nothing either.
+    for blank in ("\u3164", "\u2800\u2800", "\ufe0f\ufe0e", "\u0301\u0301", "\x7f"):
+        refused = client.post("/v1/invoke", json={"intent": blank, "input": {}})
+        assert refused.status_code == 400, (blank, refused.text)
     assert calls(agent) == 0
 
 
