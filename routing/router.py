@@ -579,10 +579,18 @@ class Router:
                 others=first.others,
             )
         # The best-matching capability that some instance can serve; the others
-        # are reported as dropped with the reason their candidates failed.
+        # are reported as dropped with the reason their candidates failed. Once one of
+        # the caller's own or granted capabilities matched, another tenant's is never the
+        # way round its outage (a re-test: with the caller's agent drained, its input
+        # went to another tenant's public capability, the next match).
         dropped: list[Dropped] = []
         last = None
+        own_matched = False
         for score in match.ranked[:5]:
+            own = capability_trusted(table, request.tenant_pk, score.capability_id)
+            if own_matched and not own:
+                break
+            own_matched = own_matched or own
             decision = self._route_capability(table, request, score.capability_id,
                                               match.ranked, pick=pick, exclude=exclude)
             if decision.chosen is not None or (decision.candidates and not pick):

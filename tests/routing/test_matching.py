@@ -432,6 +432,27 @@ def test_another_tenants_capability_never_covers_steps_the_callers_own_match(mon
     assert index.match(text).covered
 
 
+def test_another_tenants_capability_is_no_way_round_the_callers_own_outage(encoder):
+    """The second re-test: the caller's matching capability drained, the intent went to
+    another tenant's public capability, the next match, and the caller's input with it.
+    Now the call fails as its own capability's (no healthy instance)."""
+    reports = agent("reports", "report.build", owner=1, instances=({"state": "draining"},),
+                    cap={"display_name": "Reports", "description": "Builds business reports."})
+    slides = agent("slides", "slides.make", owner=2, visibility="public", cap={
+        "display_name": "Slides", "description": "Makes slides of a quarterly report."})
+    for text in ("build the quarterly report", "做季度报告"):
+        decided = _decide(encoder, 1, text, reports, slides)
+        assert decided.matches[0].capability_id == "report.build", text
+        assert decided.chosen is None and decided.error == "no_healthy_instance", text
+    # Up again, it is chosen; and a tenant with none of its own reaches the public one.
+    up = agent("reports", "report.build", owner=1, cap={
+        "display_name": "Reports", "description": "Builds business reports."})
+    assert _decide(encoder, 1, "build the quarterly report", up, slides).capability == \
+        "report.build"
+    assert _decide(encoder, 3, "make slides of the quarterly report", reports,
+                   slides).capability == "slides.make"
+
+
 _ORDERS = {"display_name": "Order status",
            "description": "Look up the status of a customer order.",
            "not_for": ("parcel tracking (use logistics.track)",)}
