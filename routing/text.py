@@ -189,8 +189,12 @@ def _too_short(part: str) -> bool:
     return not _ACTION.search(normalise(part))
 
 
-# Letters and symbols drawn as nothing: the Hangul fillers and the blank braille cell.
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+# Letters and symbols drawn as nothing or standing for nothing: the Hangul fillers, the
+# blank braille cell, the object-replacement and replacement characters.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\ufffc\ufffd")
+# Format, control, lone marks, unassigned and noncharacters, private use, surrogates,
+# and modifier symbols (a skin tone alone): nothing a request can say.
+_SAY_NOTHING = frozenset({"Cf", "Cc", "Mn", "Me", "Cn", "Co", "Cs", "Sk"})
 
 
 def says_nothing(text: str) -> bool:
@@ -198,6 +202,7 @@ def says_nothing(text: str) -> bool:
     (zero-width spaces, joiners, a BOM), controls, marks with nothing to mark (variation
     selectors, lone accents) and blank letters. Nothing to match, nothing to learn (a
     break test taught the router an intent of three zero-width spaces; its re-test, of
-    Hangul fillers, a blank braille cell, variation selectors and lone accents)."""
+    Hangul fillers, a blank braille cell, variation selectors and lone accents; the next,
+    noncharacters and private-use characters, routed with a confidence of 0.99)."""
     return all(ch.isspace() or ch in _BLANK_LETTERS
-               or unicodedata.category(ch) in ("Cf", "Cc", "Mn", "Me") for ch in text)
+               or unicodedata.category(ch) in _SAY_NOTHING for ch in text)

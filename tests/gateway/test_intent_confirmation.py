@@ -165,7 +165,8 @@ def test_the_chat_doors_intent_header_is_held_to_the_same_rules(gateway):
         assert twice.status_code == 400 and twice.json()["error"]["details"] == {
             name: ["repeated"]}, twice.text
     # Invisible characters other than spaces and format ones say nothing either.
-    for blank in ("\u3164", "\u2800\u2800", "\ufe0f\ufe0e", "\u0301\u0301", "\x7f"):
+    for blank in ("\u3164", "\u2800\u2800", "\ufe0f\ufe0e", "\u0301\u0301", "\x7f",
+                  "\ufdd0", "\ue000", "\U0001f3fb", "\ufffc"):
         refused = client.post("/v1/invoke", json={"intent": blank, "input": {}})
         assert refused.status_code == 400, (blank, refused.text)
     assert calls(agent) == 0
