@@ -12,12 +12,15 @@ memory: a share of this process's CPU is what is protected.
 
 All tenants together have one more bucket of the same size: six tenants within their
 own shares still held a seventh's calls for up to 2 s (a break test). Once it is spent,
-the tenants asking are refused, and only a tenant that has asked for no matching in the
-last ``QUIET_S`` is served, from one more bucket, a quarter of the size, for such
-tenants: at most 1.25 shares in all, whatever the number of tenants. "Asked", not "matched": a
-refused tenant that keeps asking stays refused (a re-test found tenants whose own
-buckets had refilled while they were refused taking the quiet tenants' way in, 1 s of
-CPU per second between twelve of them).
+the tenants spending are refused and a light tenant is still served, from one more
+bucket, a quarter of the size: at most 1.25 shares in all, whatever the number of
+tenants. Light is judged by what a tenant's matching has cost lately (a moving average
+over ``SPEND_TAU_S``, which a refusal does not lower at once), against a bar that falls
+as that last bucket empties, so the lightest keep their way in; and the bucket must hold
+one of the tenant's decisions at what they have cost. Two designs before this
+one failed re-tests: "its own bucket full" (tenants refused long enough had full buckets
+again: twelve took 1 s of CPU per second), then "asked nothing for 2 s" (a tenant
+sending two short intents a second was refused behind one heavy tenant).
 """
 
 from __future__ import annotations
@@ -29,11 +32,18 @@ from collections.abc import Callable
 from reach_core.errors import ReachError
 
 ALL = -1  # every tenant's matching together (tenant pks are positive)
-QUIET = -2  # what quiet tenants match once ALL is spent
-QUIET_S = 2.0  # a tenant that asked for no matching this long is quiet
-# The quiet tenants' bucket, as a share of the others': a quiet tenant's few short
-# intents fit, and tenants taking turns at being quiet add at most this much.
-QUIET_SHARE = 0.25
+LIGHT = -2  # what light tenants match once ALL is spent
+# The light tenants' bucket, as a share of the others'.
+LIGHT_SHARE = 0.25
+# Light: a tenant whose matching cost less than this share of ``ms_per_s`` lately (over
+# about ``SPEND_TAU_S``), when the light bucket is full; the bar falls as it empties.
+LIGHT_SPEND = 0.05
+SPEND_TAU_S = 10.0
+# What one decision of a tenant costs: its dearest lately, fading by this per decision.
+# A tenant's decisions come in the light way only while the light bucket holds one of
+# them (a heavy tenant's long intent, let in once its average spend had faded, took the
+# light bucket from the light tenants for seconds).
+COST_MEMORY = 0.9
 
 
 class IntentCpu:
@@ -42,31 +52,38 @@ class IntentCpu:
         self.ms_per_s = ms_per_s
         self.burst_ms = burst_ms
         self._clock = clock
-        # tenant (ALL: every tenant together; QUIET: the quiet ones' way in) ->
+        # tenant (ALL: every tenant together; LIGHT: the light ones' way in) ->
         # (ms left, at)
         self._buckets: dict[int, tuple[float, float]] = {}
-        self._asked: dict[int, float] = {}  # tenant -> when it last asked
+        self._spend: dict[int, tuple[float, float]] = {}  # tenant -> (ms per s, at)
+        self._cost: dict[int, float] = {}  # tenant -> what one of its decisions costs
 
     def _left(self, bucket: int, now: float) -> float:
-        share = QUIET_SHARE if bucket == QUIET else 1.0
+        share = LIGHT_SHARE if bucket == LIGHT else 1.0
         left, at = self._buckets.get(bucket, (self.burst_ms * share, now))
         return min(self.burst_ms * share, left + (now - at) * self.ms_per_s * share)
 
+    def _spending(self, tenant_pk: int, now: float) -> float:
+        rate, at = self._spend.get(tenant_pk, (0.0, now))
+        return rate * math.exp(-(now - at) / SPEND_TAU_S)
+
     def check(self, tenant_pk: int) -> tuple[int, ...]:
         """The buckets to charge the decision to (``charge``); 429 when the tenant's
-        matching time is spent, or every tenant's together and it is not quiet, or
-        every quiet tenant's too (0 ``ms_per_s``: no limit)."""
+        matching time is spent, or every tenant's together and it is not light, or every
+        light tenant's too (0 ``ms_per_s``: no limit)."""
         if self.ms_per_s <= 0:
             return ()
         now = self._clock()
-        quiet = now - self._asked.get(tenant_pk, -math.inf) >= QUIET_S
-        self._asked[tenant_pk] = now
         left = self._left(tenant_pk, now)
         buckets = (tenant_pk, ALL)
         if left > 0:
             left = self._left(ALL, now)
-            if left <= 0 and quiet:
-                left, buckets = self._left(QUIET, now), (tenant_pk, ALL, QUIET)
+            if left <= 0:
+                light_left = self._left(LIGHT, now)
+                bar = LIGHT_SPEND * self.ms_per_s * light_left / (self.burst_ms * LIGHT_SHARE)
+                if self._spending(tenant_pk, now) < bar and \
+                        self._cost.get(tenant_pk, 0.0) <= light_left:
+                    left, buckets = light_left, (tenant_pk, ALL, LIGHT)
         if left <= 0:
             raise ReachError(
                 "rate_limited", "Intent matching has used its share of this gateway's "
@@ -75,6 +92,11 @@ class IntentCpu:
         return buckets
 
     def charge(self, buckets: tuple[int, ...], ms: float) -> None:
+        if not buckets:
+            return
         now = self._clock()
         for bucket in buckets:
             self._buckets[bucket] = (self._left(bucket, now) - ms, now)
+        tenant_pk = buckets[0]
+        self._spend[tenant_pk] = (self._spending(tenant_pk, now) + ms / SPEND_TAU_S, now)
+        self._cost[tenant_pk] = max(ms, COST_MEMORY * self._cost.get(tenant_pk, 0.0))
