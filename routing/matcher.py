@@ -644,11 +644,11 @@ class IntentIndex:
         # higher, whichever place that one took after the caller's others.
         margin = max(0.0, best - max((r.score for r in ranked[1:]), default=0.0))
         confidence = calibrated(best, margin, semantic=self._embedder is not None)
-        if margin == 0 and len(ranked) > 1:
+        if margin < AMBIGUITY_MARGIN and len(ranked) > 1:
             # A tie (or a public capability that scored higher, put behind the
-            # caller's own): a coin toss at best, whatever the score (a re-test read
-            # 0.99 here).
-            confidence = min(confidence, 0.5)
+            # caller's own) is a coin toss at best, whatever the score (a re-test read
+            # 0.99 here), and a near tie little better: up to 1.0 at the margin's edge.
+            confidence = min(confidence, 0.5 + 0.5 * margin / AMBIGUITY_MARGIN)
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from routing.balancer import SmoothWeightedRoundRobin
-from routing.matcher import CapabilityText, IntentIndex, Match, Score
+from routing.matcher import AMBIGUITY_MARGIN, CapabilityText, IntentIndex, Match, Score
 from routing.table import AgentEntry, CapabilityEntry, InstanceEntry, RouteTable
 
 QUEUE_NORM = 50  # queue depth counted as full pressure
@@ -579,16 +579,19 @@ class Router:
                 others=first.others,
             )
         # The best-matching capability that some instance can serve; the others
-        # are reported as dropped with the reason their candidates failed. Once one of
-        # the caller's own or granted capabilities matched, another tenant's is never the
-        # way round its outage (a re-test: with the caller's agent drained, its input
-        # went to another tenant's public capability, the next match).
+        # are reported as dropped with the reason their candidates failed. The way round
+        # the best one's outage is only a match as good (within the ambiguity margin):
+        # re-tests sent an invoice to a contract reviewer at 0.25 when the invoice
+        # capability was drained; and once one of the caller's own or granted
+        # capabilities matched, another tenant's is never that way round (its input went
+        # to another tenant's public capability, the next match).
         dropped: list[Dropped] = []
         last = None
         own_matched = False
         for score in match.ranked[:5]:
             own = capability_trusted(table, request.tenant_pk, score.capability_id)
-            if own_matched and not own:
+            if last is not None and ((own_matched and not own) or score.score
+                                     < match.ranked[0].score - AMBIGUITY_MARGIN):
                 break
             own_matched = own_matched or own
             decision = self._route_capability(table, request, score.capability_id,

@@ -17,7 +17,7 @@ import pytest
 
 from routing.embedders import configured_embedder
 from routing.evaluation import evaluate, fitted_calibration, load_catalogue, load_requests
-from routing.matcher import CALIBRATION, CapabilityText, IntentIndex, Score
+from routing.matcher import CALIBRATION, CapabilityText, IntentIndex, Match, Score
 from routing.router import IntentIndexHolder, Router, RouteRequest
 from routing.text import clauses
 from tests.routing.tables import agent, table
@@ -452,6 +452,39 @@ def test_another_tenants_capability_is_no_way_round_the_callers_own_outage(encod
         "report.build"
     assert _decide(encoder, 3, "make slides of the quarterly report", reports,
                    slides).capability == "slides.make"
+
+
+class _Fixed:
+    """An intent index whose every request matches as given."""
+
+    def __init__(self, *scores: Score) -> None:
+        self.ranked = scores
+
+    def match(self, text, **_):
+        return Match(ranked=self.ranked)
+
+    def allowed_slots(self, visible):
+        return None
+
+
+def test_the_way_round_an_outage_is_only_a_match_as_good():
+    """The next re-test: with the invoice capability drained, an invoice went to the
+    tenant's own contract reviewer, matched at 0.195 (and to a granted one at 0.25).
+    Only a match within the ambiguity margin of the best is tried instead."""
+    invoices = agent("invoices", "invoice.extract", owner=1,
+                     instances=({"state": "draining"},))
+    contracts = agent("contracts", "contract.review", owner=1)
+    reader = agent("reader", "invoice.read", owner=1)
+    t = table(invoices, contracts, reader)
+
+    def decide(*scores):
+        index = _Fixed(*scores)
+        return Router(index=lambda: index).route(t, RouteRequest(tenant_pk=1, intent="x"))
+
+    far = decide(Score("invoice.extract", 0.80), Score("contract.review", 0.25))
+    assert far.chosen is None and far.error == "no_healthy_instance"
+    near = decide(Score("invoice.extract", 0.80), Score("invoice.read", 0.78))
+    assert near.chosen.agent.name == "reader"
 
 
 _ORDERS = {"display_name": "Order status",
