@@ -21,7 +21,7 @@ import orjson
 from gateway import doors
 from gateway.calls import CallContext
 from gateway.http_io import check_parsed
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Pipeline, deadline_header
 from gateway.protocols.base import thaw
 from gateway.tools import ToolCaller, ToolDoors, as_text, manual, parameters
 from reach_core.errors import ReachError
@@ -154,6 +154,9 @@ class McpServer:
                           tenant_slug=tenant.slug if tenant else "", started=time.monotonic(),
                           budget_ms=0, caller_budget_ms=None, idempotency_key=None)
         try:
+            # The caller's deadline holds here too (a re-test found 1 ms and "abc" alike
+            # ignored on this door).
+            ctx.caller_budget_ms = deadline_header(scope) if scope is not None else None
             call = doors.invoke_call({"capability": capability_id, "input": arguments},
                                      who.tenant_pk, namespace=None, internal=False)
             result = await self.pipeline.perform(table, call, ctx, scope=scope)

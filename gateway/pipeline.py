@@ -379,7 +379,7 @@ class Pipeline:
             raise ReachError("invalid_input", "Idempotency-Key must be 1 to "
                              f"{MAX_IDEMPOTENCY_KEY} characters.")
         ctx.idempotency_key = key
-        ctx.caller_budget_ms = deadline_header(request)
+        ctx.caller_budget_ms = deadline_header(request.scope)
 
     def _lease_s(self, ctx: CallContext, call: Call) -> float:
         """How long a reservation or a claim outlives a call that never settles it (its
@@ -852,8 +852,9 @@ def cost(candidate: Candidate, input_tokens: int, output_tokens: int) -> float:
                    + output_tokens / 1000 * agent.price_output_per_1k, 6)
 
 
-def deadline_header(request: Request) -> int | None:
-    raw = request.header(b"x-reach-deadline-ms")
+def deadline_header(scope: dict) -> int | None:
+    """The caller's ``X-Reach-Deadline-Ms``, on every door that calls an agent."""
+    raw = header(scope, b"x-reach-deadline-ms")
     if raw is None:
         return None
     if not raw.strip().isdigit() or int(raw) <= 0:

@@ -620,3 +620,26 @@ def test_a_secret_echoed_in_any_common_encoding_is_redacted(secret):
         redacted = _redacted(answer, secret)
         assert b"[redacted]" in redacted, echo
         assert echo.encode() not in redacted and secret.encode() not in redacted, echo
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_calls_keep_the_callers_deadline(gateway):
+    """A re-test found X-Reach-Deadline-Ms ignored on /mcp (1 ms and "abc" alike ran the
+    call): the caller's deadline bounds an MCP capability call as on every door."""
+    token = agent_token(gateway, "scripted")
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "agent__slow_op", "arguments": {}}}
+
+    def tools_call(deadline: str) -> dict:
+        answer = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, timeout=30, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+            "X-Reach-Deadline-Ms": deadline})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["result"]
+
+    cut = tools_call("300")  # the agent answers after 2 s
+    assert cut["isError"] and cut["structuredContent"]["error"]["code"] == "deadline_exceeded"
+    bad = tools_call("abc")
+    assert bad["isError"] and bad["structuredContent"]["error"]["code"] == "invalid_input"
+    whole = tools_call("4000")
+    assert not whole["isError"], whole
