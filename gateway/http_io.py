@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import Counter
 
 import orjson
 
@@ -30,9 +31,8 @@ def header(scope, name: bytes) -> str | None:
         raw = scope.get("headers", [])
         headers = scope["reach.headers"] = {key.lower(): value for key, value in raw}
         if len(headers) < len(raw):
-            seen: set[bytes] = set()
-            scope[_REPEATED] = {key for key in (k.lower() for k, _ in raw)
-                                if key in seen or seen.add(key)}
+            counts = Counter(key.lower() for key, _ in raw)
+            scope[_REPEATED] = {key for key, n in counts.items() if n > 1}
     value = headers.get(name)
     if value is not None and name in SINGLE_HEADERS and name in scope.get(_REPEATED, ()):
         label = name.decode().title()

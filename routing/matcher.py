@@ -562,18 +562,19 @@ class IntentIndex:
         key = lambda s: (-s.score, s.capability_id)  # noqa: E731
         matched.sort(key=key)
         if len(self._by_id) < len(self._slots):  # an id with several texts: its best counts
-            ids: set[str] = set()
-            matched = [s for s in matched
-                       if s.capability_id not in ids and not ids.add(s.capability_id)]
+            best: dict[str, Score] = {}
+            for s in matched:
+                best.setdefault(s.capability_id, s)
+            matched = list(best.values())
         if home is not None and matched and not matched[0].exact:
             # The caller's own and granted capabilities that match go first: another
             # tenant's public one is a fallback, never a rival. Its text is another
             # tenant's to write, and one stuffed with this tenant's phrases outscores
             # any honest description: no margin would keep its intents (and inputs) home.
-            own = [s for s in matched if self._seen(s.capability_id, home)]
-            if own and own[0] is not matched[0]:
-                matched = [*own, *(s for s in matched if not self._seen(s.capability_id,
-                                                                         home))]
+            own, others = [], []
+            for s in matched:
+                (own if self._seen(s.capability_id, home) else others).append(s)
+            matched = own + others
         return matched, sorted(near, key=key)
 
     def _learned_lexical(self, text: str, learned: Sequence) -> dict[str, float]:
@@ -643,7 +644,8 @@ class IntentIndex:
         # caller's own capability went first though another tenant's public one scored
         # higher, whichever place that one took after the caller's others.
         margin = max(0.0, best - max((r.score for r in ranked[1:]), default=0.0))
-        confidence = calibrated(best, margin, semantic=self._embedder is not None)
+        confidence = calibrated(best - self.default_threshold, margin,
+                                semantic=self._embedder is not None)
         if margin < AMBIGUITY_MARGIN and len(ranked) > 1:
             # A tie (or a public capability that scored higher, put behind the
             # caller's own) is a coin toss at best, whatever the score (a re-test read
@@ -652,11 +654,11 @@ class IntentIndex:
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
 
 
-def calibrated(best: float, margin: float, *, semantic: bool) -> float:
-    """The chance a decision with this best score and lead is right (``CALIBRATION``)."""
+def calibrated(over: float, margin: float, *, semantic: bool) -> float:
+    """The chance a decision is right whose best score is ``over`` the matcher's default
+    threshold, with this lead (``CALIBRATION``)."""
     intercept, per_score, per_lead = CALIBRATION["semantic" if semantic else "lexical"]
-    z = intercept + per_score * (best - (SEMANTIC_THRESHOLD if semantic else DEFAULT_THRESHOLD)) \
-        + per_lead * min(margin, CALIBRATION_LEAD_CAP)
+    z = intercept + per_score * over + per_lead * min(margin, CALIBRATION_LEAD_CAP)
     return 1.0 / (1.0 + math.exp(-z))
 
 

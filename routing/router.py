@@ -352,11 +352,15 @@ def capability_trusted(table: RouteTable, tenant_pk: int, capability_id: str) ->
                     lambda agent, capability: _trusted(table, tenant_pk, agent, capability))
 
 
+def _wrote(text: CapabilityText, agent: AgentEntry) -> bool:
+    """Whether ``agent`` is one of those whose words make ``text``."""
+    return text.owner in (None, agent.owner_tenant_pk)
+
+
 def text_trusted(table: RouteTable, tenant_pk: int, text: CapabilityText) -> bool:
     """Whether the text is (in part) written by the tenant's own or granted agents."""
     return _offered(table, text.capability_id, lambda agent, capability: (
-        text.owner in (None, agent.owner_tenant_pk)
-        and _trusted(table, tenant_pk, agent, capability)))
+        _wrote(text, agent) and _trusted(table, tenant_pk, agent, capability)))
 
 
 def text_visible(table: RouteTable, tenant_pk: int, text: CapabilityText) -> bool:
@@ -369,8 +373,7 @@ def text_visible(table: RouteTable, tenant_pk: int, text: CapabilityText) -> boo
     if text.owner is not None and capability_trusted(table, tenant_pk, text.capability_id):
         return False
     return _offered(table, text.capability_id, lambda agent, capability: (
-        text.owner in (None, agent.owner_tenant_pk)
-        and visible_to(table, tenant_pk, agent, capability)))
+        _wrote(text, agent) and visible_to(table, tenant_pk, agent, capability)))
 
 
 def capability_filter(
