@@ -236,9 +236,7 @@ class Caller:
         (an unkeyed call that timed out after delivery is never retried, with one
         instance a keyed call has nowhere to retry, and a task retries on its own)."""
         remaining = ctx.remaining_ms()
-        if not (ctx.idempotent and len(ctx.attempts) == 1 and ctx.retry_elsewhere) \
-                or ctx.task is not None:
-            # A task's attempt has the task's own retries, later and elsewhere.
+        if not self.shares_budget(ctx):
             return remaining
         first = remaining * self.config.first_attempt_share
         usual = self.feedback.latency(ctx.candidate.instance.pk) \
@@ -249,6 +247,14 @@ class Caller:
             # 504 after running twice): it gets twice its usual time, up to all of it.
             first = max(first, min(remaining, 2 * usual))
         return first
+
+    @staticmethod
+    def shares_budget(ctx: CallContext) -> bool:
+        """Whether this attempt may get less than all that is left (see
+        ``attempt_budget_ms``); otherwise its time running out is the call's. A task's
+        attempt has the task's own retries, later and elsewhere."""
+        return ctx.idempotent and len(ctx.attempts) == 1 and ctx.retry_elsewhere \
+            and ctx.task is None
 
     def downstream_budget_ms(self, ctx: CallContext, remaining: float) -> int:
         margin = min(self.config.deadline_margin_ms, remaining * self.config.deadline_margin_share)
@@ -339,11 +345,16 @@ class Caller:
             answered = True
             ctx.answered = time.monotonic()
         except TimeoutError as exc:
+            # The call's own time ran out when this attempt had all of it and it was not
+            # a shorter connect time-out. Read from the clock instead, it was misjudged:
+            # the loop's timers run in whole milliseconds and fire up to one early.
+            spent = not self.shares_budget(ctx) \
+                and not isinstance(exc, aiohttp.ConnectionTimeoutError)
             # Unanswered is the agent's mark only when its own time ran out, as for
             # the breaker: a caller's short deadline must not steer everyone's routing.
             timed_out = self._record_timeout(instance.pk, ctx, started=started,
-                                             budget_s=seconds)
-            if ctx.remaining_ms() <= 1:
+                                             budget_s=seconds, spent=spent)
+            if spent or ctx.remaining_ms() <= 1:
                 raise ctx.timed_out() from exc
             raise translate_error(exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -384,7 +395,8 @@ class Caller:
                 upstream.response, limit, f"the agent's reply is larger than {limit} bytes")
         except TimeoutError as exc:
             self._record_timeout(instance.pk, ctx, started=upstream.started,
-                                 budget_s=upstream.budget_s)
+                                 budget_s=upstream.budget_s,
+                                 spent=not self.shares_budget(ctx))
             raise ctx.timed_out() from exc
         except (aiohttp.ClientError, OSError) as exc:
             self._record(instance.pk, ok=False, started=upstream.started)
@@ -435,7 +447,7 @@ class Caller:
         return reply
 
     def _record_timeout(self, instance_pk: int, ctx: CallContext, *, started: float,
-                        budget_s: float) -> bool:
+                        budget_s: float, spent: bool) -> bool:
         """Whether a time-out counts against the agent (its breaker, its "unanswered"
         mark), and records it if so. When the budget that ran out was one the caller cut
         short, only if the agent also outwaited its patience (4 x its usual latency, at
@@ -443,7 +455,7 @@ class Caller:
         counted, would let one caller open the breaker every caller shares — but a hung
         agent must still be found when every caller sends a deadline."""
         waited = time.monotonic() - started
-        if ctx.caller_bound and waited >= budget_s - TIMER_SLACK_S \
+        if ctx.caller_bound and (spent or waited >= budget_s - TIMER_SLACK_S) \
                 and waited < self.feedback.patience_s(instance_pk):
             return False
         self._record(instance_pk, ok=False, started=started)

@@ -420,3 +420,34 @@ def test_a_caller_gone_mid_body_ends_the_request_quietly(scripted):
     events = run(scenario())
     assert sent == []  # nobody to answer
     assert [e["outcome"] for e in events] == ["client_cancelled"]
+
+
+class EarlyTimers(asyncio.SelectorEventLoop):
+    """A loop whose timers fire 4 ms early, as uvloop's can: its clock counts whole
+    milliseconds (on a coarse kernel clock where one is fine enough), so a time-out may
+    run while the call's budget, read on the precise clock, still shows a little left."""
+
+    def call_at(self, when, callback, *args, context=None):
+        return super().call_at(when - 0.004, callback, *args, context=context)
+
+
+def test_a_caller_budget_that_ran_out_is_the_callers_even_when_the_timer_fires_early(
+        scripted):
+    """CI failure: a 50 ms deadline answered ``upstream_timeout`` (the agent's fault)
+    one time in many, when the time-out fired with a millisecond of the budget still on
+    the clock. Whether the call's own time ran out is known without the clock: the
+    attempt had all of it."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            replies = [await gw.post("/v1/invoke", {"capability": "slow.op", "input": {}},
+                                     X_Reach_Deadline_Ms="60") for _ in range(5)]
+            return replies, gw.app.breakers.states()
+
+    with asyncio.Runner(loop_factory=EarlyTimers) as runner:
+        replies, breakers = runner.run(scenario())
+    for reply in replies:
+        assert reply.status_code == 504, reply.text
+        assert reply.json()["error"]["code"] == "deadline_exceeded", reply.text
+    assert breakers == {}  # the caller's own deadline: nothing counted against the agent
