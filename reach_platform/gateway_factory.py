@@ -244,20 +244,23 @@ async def wakeups(client, channel: str):
 
 def redis_client(url: str):
     """The gateway's Redis client, built to outlive Redis restarts: connections checked
-    before use after 10 s idle, one quick retry on a dropped connection, and a bounded
-    pool whose callers wait at most a second for a connection."""
+    before use after 10 s idle, one quick retry on a dropped connection, a bounded
+    pool whose callers wait at most a second for a connection, and a gate that stops
+    asking a Redis that stopped answering (``gateway.redis_gate``)."""
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
+    from gateway.redis_gate import gated
+
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=64, timeout=1, socket_timeout=1, socket_connect_timeout=1,
         health_check_interval=10, socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
         retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError])
-    return aioredis.Redis(connection_pool=pool)
+    return gated(pool)
 
 
 def build_application(*, governed: bool = True):
