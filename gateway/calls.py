@@ -227,26 +227,39 @@ class Caller:
         self.credentials = credentials
         self.pools = UpstreamPools(config.policy, connect_timeout_s=config.connect_timeout_s)
         self.validators = Validators()
+        # capability pk -> how long its answers usually take (ms, a moving average over
+        # every instance): what a keyed call's first attempt must be given.
+        self._usual_ms: dict[int, float] = {}
 
     def attempt_budget_ms(self, ctx: CallContext) -> float:
         """What this attempt may spend. A keyed call's first attempt gets
         ``first_attempt_share`` of what is left, so that after a time-out the one retry
         on another instance still fits in the budget — when there is another instance,
-        and at least twice the instance's usual latency; any other attempt gets it all
+        and at least twice the capability's usual latency; any other attempt gets it all
         (an unkeyed call that timed out after delivery is never retried, with one
         instance a keyed call has nowhere to retry, and a task retries on its own)."""
         remaining = ctx.remaining_ms()
-        if not self.shares_budget(ctx):
+        if not self.shares_budget(ctx) or ctx.candidate is None:
             return remaining
         first = remaining * self.config.first_attempt_share
-        usual = self.feedback.latency(ctx.candidate.instance.pk) \
-            if ctx.candidate is not None else None
-        if usual is not None:
-            # An agent that usually needs more than the share would time out on every
-            # healthy instance (a break test: a 20 s agent, 30 s timeout, two instances,
-            # 504 after running twice): it gets twice its usual time, up to all of it.
-            first = max(first, min(remaining, 2 * usual))
-        return first
+        # A capability that usually needs more than the share would time out on every
+        # healthy instance (a break test: a 20 s agent, 30 s timeout, two instances, 504
+        # after running twice): it gets twice its usual time, up to all of it. Its own
+        # time where known, not its instance's: a fast capability beside it made a slow
+        # one's instance look quick (a break test: 2.2 s, keyed, 504 after running on
+        # both instances).
+        usual = self._usual_ms.get(ctx.candidate.capability.pk)
+        if usual is None:
+            # Its time not known yet, on an instance known to answer: more likely slow
+            # than hung, so it gets all of it.
+            return first if self.feedback.latency(ctx.candidate.instance.pk) is None \
+                else remaining
+        return max(first, min(remaining, 2 * usual))
+
+    def _answered_in(self, capability_pk: int, started: float) -> None:
+        took = (time.monotonic() - started) * 1000
+        usual = self._usual_ms.get(capability_pk)
+        self._usual_ms[capability_pk] = took if usual is None else 0.8 * usual + 0.2 * took
 
     @staticmethod
     def shares_budget(ctx: CallContext) -> bool:
@@ -348,12 +361,17 @@ class Caller:
             # The call's own time ran out when this attempt had all of it and it was not
             # a shorter connect time-out. Read from the clock instead, it was misjudged:
             # the loop's timers run in whole milliseconds and fire up to one early.
-            spent = not self.shares_budget(ctx) \
-                and not isinstance(exc, aiohttp.ConnectionTimeoutError)
+            shared = self.shares_budget(ctx)
+            connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
+            spent = not shared and not connecting
             # Unanswered is the agent's mark only when its own time ran out, as for
             # the breaker: a caller's short deadline must not steer everyone's routing.
             timed_out = self._record_timeout(instance.pk, ctx, started=started,
                                              budget_s=seconds, spent=spent)
+            if shared and not connecting and not stream:
+                # It takes at least that long: the next keyed call gives it more (a slow
+                # agent on instances that never answered in time would fail each call).
+                self._answered_in(candidate.capability.pk, started)
             if spent or ctx.remaining_ms() <= 1:
                 raise ctx.timed_out() from exc
             raise translate_error(exc) from exc
@@ -406,6 +424,7 @@ class Caller:
             upstream.response.release()
             upstream.done()
         self._record(instance.pk, ok=True, started=upstream.started)
+        self._answered_in(upstream.candidate.capability.pk, upstream.started)
         _upstream_timer(upstream.candidate.agent.protocol).observe(
             time.monotonic() - upstream.started)
         if upstream.response.status == 202 and not body.strip():

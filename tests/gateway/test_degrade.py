@@ -5,6 +5,7 @@ leave room for the retry."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from tests.support.inprocess import in_process, route_table, scripted_agents, with_instances
 from tests.support.lossy import HungServer
@@ -215,6 +216,54 @@ def test_a_keyed_call_to_an_agent_that_is_slow_everywhere_gets_its_usual_time(sc
 
     keyed = run(scenario())
     assert keyed.status_code == 200, keyed.text
+
+
+def test_a_key_never_turns_a_slow_capability_beside_a_fast_one_into_a_failure(scripted):
+    """Break test (helper-34): two instances answering a fast capability in milliseconds
+    and a slow one in 2.2 s (here 2 s); the slow one, timeout 3 s, answered 200 without
+    a key and 504 with one, after running on both instances: the first attempt was cut
+    at 60 %, judged by the instance's usual latency, which the fast capability set."""
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
+    table, key = route_table(agents)
+    marker = f"slow-keyed-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            for i in range(4):  # both instances known to answer, fast
+                warm = await gw.post("/v1/invoke", invoke("echo.all", n=i))
+                assert warm.status_code == 200, warm.text
+            keyed = [await gw.post("/v1/invoke", invoke("slow.op", marker=f"{marker}-{i}"),
+                                   X_Reach_Deadline_Ms="3000",
+                                   Idempotency_Key=f"{marker}-{i}") for i in range(2)]
+            return keyed
+
+    keyed = run(scenario())
+    for i, reply in enumerate(keyed):
+        assert reply.status_code == 200, reply.text
+        assert scripted.calls_with(f"{marker}-{i}") == 1  # run once
+
+
+def test_a_keyed_call_to_a_slow_agent_on_instances_never_yet_answered_fails_once_at_most(
+        scripted):
+    """Nothing known of either instance or the capability: the first keyed call's first
+    attempt gets its share (a hung instance would be retried on the other), times out on
+    the slow agent, and runs again there; the next keyed call knows it takes that long."""
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
+    table, key = route_table(agents)
+    marker = f"slow-cold-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            return [await gw.post("/v1/invoke", invoke("slow.op", marker=f"{marker}-{i}"),
+                                  X_Reach_Deadline_Ms="3000", Idempotency_Key=f"{marker}-{i}")
+                    for i in range(2)]
+
+    first, second = run(scenario())
+    assert first.status_code in (200, 504), first.text  # 1.8 s, then 1.2 s: 2 s needed
+    assert second.status_code == 200, second.text
+    assert scripted.calls_with(f"{marker}-1") == 1
 
 
 def test_a_hung_instance_is_passed_over_once_a_call_to_it_went_unanswered(scripted):
