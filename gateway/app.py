@@ -289,6 +289,8 @@ class GatewayApp:
                 logger.warning("gateway stopping: background job %s did not stop within "
                                "%g s", getattr(task.get_coro(), "__qualname__", task),
                                CLOSE_JOBS_S)
+        if self.usage is not None:
+            self.usage.close()  # after the last shipping: what is left stays on disk
         closed = await self.caller.pools.close()
         logger.info("gateway stopped: %d background jobs, %d upstream sessions closed",
                     len(tasks), closed)

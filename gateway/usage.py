@@ -13,33 +13,60 @@ import threading
 from collections.abc import Callable
 
 from gateway.metrics import USAGE_DROPPED
+from gateway.usage_spool import UsageSpool
 
 
 class UsageQueue:
-    """``on_drop`` counts what a full queue drops (the route-feedback queue is one too)."""
+    """``on_drop`` counts what a full queue drops (the route-feedback queue is one too).
+    With a ``spool`` (``gateway.usage_spool``) every event queued is on disk too until
+    its shipper says it is shipped (``shipped``), and a drain first takes in the events
+    of processes that died before shipping theirs."""
 
     def __init__(self, maxlen: int = 100_000, *,
-                 on_drop: Callable[[], None] = USAGE_DROPPED.inc) -> None:
+                 on_drop: Callable[[], None] = USAGE_DROPPED.inc,
+                 spool: UsageSpool | None = None) -> None:
         self._events: collections.deque[dict] = collections.deque()
         self._maxlen = maxlen
         self._on_drop = on_drop
+        self._spool = spool
         self._lock = threading.Lock()
         self.emitted = 0
 
     def emit(self, event: dict) -> None:
         with self._lock:
-            if len(self._events) >= self._maxlen:
-                self._on_drop()
-                return
-            self._events.append(event)
-            self.emitted += 1
+            self._emit(event)
+
+    def _emit(self, event: dict) -> None:
+        if len(self._events) >= self._maxlen:
+            self._on_drop()
+            return
+        if self._spool is not None:
+            self._spool.write(event)
+        self._events.append(event)
+        self.emitted += 1
 
     def drain(self, limit: int = 1000) -> list[dict]:
         with self._lock:
+            if self._spool is not None:
+                self._spool.recover(self._emit)
+                self._spool.roll()
             out = []
             while self._events and len(out) < limit:
                 out.append(self._events.popleft())
             return out
+
+    def shipped(self, count: int) -> None:
+        """``count`` drained events were shipped (or stored), oldest first."""
+        if self._spool is not None and count:
+            with self._lock:
+                self._spool.shipped(count)
+
+    def close(self) -> None:
+        """At shutdown, after the last shipping: what is still queued stays on disk for
+        the next process."""
+        if self._spool is not None:
+            with self._lock:
+                self._spool.close()
 
     def __len__(self) -> int:
         return len(self._events)
@@ -86,6 +113,7 @@ async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
                 continue
             try:
                 await ship()
+                queue.shipped(len(pending))
                 pending = []
                 if paused_since is not None:
                     logger.warning("%s shipping resumed after %.1f s", what,
@@ -104,6 +132,7 @@ async def ship_to_redis(queue: UsageQueue, client, stream: str, *,
         if pending:
             try:
                 await asyncio.wait_for(ship(), timeout=2)
+                queue.shipped(len(pending))
             except Exception:
                 logger.error("%s shipping stopped with Redis unreachable: %d %s "
                              "events lost", what, len(pending), what)

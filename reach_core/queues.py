@@ -14,6 +14,8 @@ from typing import Protocol
 class Drainable(Protocol):
     def drain(self, limit: int = ...) -> list[dict]: ...
 
+    def shipped(self, count: int) -> None: ...
+
 
 def drain_into(queue: Drainable, store: Callable[[list[dict]], int], *, batch: int,
                max_batches: int) -> int:
@@ -32,4 +34,5 @@ def drain_into(queue: Drainable, store: Callable[[list[dict]], int], *, batch: i
             for event in events if emit is not None else ():
                 emit(event)
             raise
+        queue.shipped(len(events))  # stored (or known already): off the spool
     return stored

@@ -41,6 +41,7 @@ from gateway.route_feedback import FeedbackRecorder
 from gateway.tasks import EngineSettings, TaskDoors
 from gateway.tunnel import RedisDirectory, TunnelHub
 from gateway.usage import UsageQueue, ship_to_redis
+from gateway.usage_spool import UsageSpool
 from reach_platform.endpoints import endpoint_policy
 from routing.router import IntentIndexHolder, Router
 from routing.table import RouteTable
@@ -113,7 +114,7 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     from reach_platform.task_store import DjangoTaskStore
 
     tracing.configure_from_environment()
-    usage = UsageQueue() if governed else None
+    usage = UsageQueue(spool=UsageSpool(settings.USAGE_SPOOL_DIR)) if governed else None
     if usage is not None and not MULTIPROCESS:
         USAGE_BACKLOG.set_function(usage.__len__)  # else each worker sets it (refresh_gauges)
     # Smaller than usage's: an event holds up to 1,000 characters of intent.

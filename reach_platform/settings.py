@@ -212,6 +212,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# Usage events on disk until shipped, so a gateway process killed with SIGKILL loses
+# none: one directory per deployment, shared by its gateway processes on this machine.
+USAGE_SPOOL_DIR = Path(env.str("REACH_USAGE_SPOOL_DIR", default=str(DATA_DIR / "usage-spool")))
 STATIC_ROOT = Path(env.str("REACH_STATIC_ROOT", default=str(DATA_DIR / "static")))
 # WhiteNoise warns at every start about a missing root; collectstatic fills it in production.
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,195 @@
+"""Usage events survive a gateway killed with SIGKILL (``gateway.usage_spool``).
+
+Spools in a test-owned directory, written by real processes that are then killed: the
+kernel's own release of their locks is what tells an orphan from a live process's file.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import httpx
+import orjson
+import pytest
+import redis
+from django.conf import settings
+
+from gateway.usage import UsageQueue
+from gateway.usage_spool import UsageSpool
+from tests.gateway.conftest import another_gateway, gateway_env
+from tests.support.clock import FakeClock
+from tests.support.forwarder import Forwarder
+from tests.support.servers import ROOT, free_port, uvicorn_args, wait_until_serving
+from tests.support.waiting import WaitTimeout, wait_for
+
+needs_redis = pytest.mark.skipif(not settings.REDIS_URL,
+                                 reason="needs the machine's Redis (.ci/run sets REDIS_URL)")
+
+WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from gateway.usage import UsageQueue
+    from gateway.usage_spool import UsageSpool
+
+    directory, events, run, shipped, then = sys.argv[1:]
+    queue = UsageQueue(spool=UsageSpool(Path(directory)))
+    for i in range(int(events)):
+        queue.emit({"event_id": f"{run}-{i}", "n": i})
+    drained = queue.drain(int(shipped) or 1)  # recovers any orphans, then takes some
+    if int(shipped):
+        queue.shipped(len(drained))
+    print("READY", len(queue) + len(drained), flush=True)
+    if then == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.stdin.read()  # alive until its stdin closes
+""")
+
+
+def writer(directory, events: int, run: str, *, shipped: int = 0, die: bool = True):
+    """A process that queues ``events`` usage events (recovering orphans first), ships
+    ``shipped`` of them, and is killed with SIGKILL (or lives until its stdin closes)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(directory), str(events), run, str(shipped),
+         "die" if die else "live"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ready, queued = proc.stdout.readline().split()
+    assert ready == "READY"
+    proc.queued = int(queued)
+    if die:
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        proc.stdin.close()
+        proc.stdout.close()
+    return proc
+
+
+def recovered(directory) -> list[str]:
+    out: list[dict] = []
+    spool = UsageSpool(directory)
+    spool.recover(out.append)
+    spool.close()
+    return sorted(event["event_id"] for event in out)
+
+
+def ids(run: str, count: int) -> list[str]:
+    return sorted(f"{run}-{i}" for i in range(count))
+
+
+def test_a_killed_process_events_are_recovered_once(tmp_path):
+    run = uuid.uuid4().hex
+    writer(tmp_path, 5, run)
+    assert recovered(tmp_path) == ids(run, 5)
+    assert recovered(tmp_path) == []  # the orphan is gone
+
+
+def test_files_wholly_shipped_are_deleted_and_only_the_rest_recovered(tmp_path):
+    run = uuid.uuid4().hex
+    writer(tmp_path, 5, run, shipped=5)  # all in one file, all shipped: deleted...
+    assert recovered(tmp_path) == []
+    queue = UsageQueue(spool=UsageSpool(tmp_path))
+    for i in range(3):
+        queue.emit({"event_id": f"a-{i}"})
+    first = queue.drain(10)  # rolls over: the next events go to a new file
+    for i in range(2):
+        queue.emit({"event_id": f"b-{i}"})
+    assert len(list(tmp_path.glob("usage-*.jsonl"))) == 2
+    queue.shipped(len(first))
+    assert len(list(tmp_path.glob("usage-*.jsonl"))) == 1
+    queue.close()  # two not shipped: their file stays for the next process
+    assert recovered(tmp_path) == ["b-0", "b-1"]
+
+
+def test_a_live_process_files_are_never_taken(tmp_path):
+    run = uuid.uuid4().hex
+    live = writer(tmp_path, 3, run, die=False)
+    try:
+        assert recovered(tmp_path) == []
+    finally:
+        live.stdin.close()
+        live.wait(timeout=30)
+        live.stdout.close()
+    assert recovered(tmp_path) == ids(run, 3)  # it left without shipping: an orphan now
+
+
+def test_recovered_events_are_spooled_anew_until_shipped(tmp_path):
+    """A successor killed after recovering a predecessor's events, before shipping them,
+    hands them on in turn."""
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    writer(tmp_path, 4, first)
+    assert writer(tmp_path, 2, second).queued == 6  # recovered the first's four
+    assert recovered(tmp_path) == sorted(ids(first, 4) + ids(second, 2))
+
+
+def test_recovery_looks_at_most_every_30_s(tmp_path):
+    clock = FakeClock()
+    queue = UsageQueue(spool=UsageSpool(tmp_path, clock=clock))
+    assert queue.drain() == []
+    run = uuid.uuid4().hex
+    writer(tmp_path, 4, run)
+    assert queue.drain() == []  # it looked less than 30 s ago
+    clock.advance(30)
+    assert sorted(e["event_id"] for e in queue.drain()) == ids(run, 4)
+    queue.close()
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    (tmp_path / "usage-1-x.jsonl").write_bytes(b'{"event_id":"whole"}\n{"event_id":"to')
+    assert recovered(tmp_path) == ["whole"]
+
+
+@needs_redis
+def test_calls_answered_before_a_gateway_is_killed_are_metered_by_its_successor(
+        gateway, tmp_path):
+    """Break test (helper-34): SIGKILL of a gateway worker mid-burst lost the usage events
+    of 0 to 13 calls answered 200 per kill. Here none can have been shipped: the doomed
+    gateway's Redis is cut first, so its events wait in memory (and the spool)."""
+    run = uuid.uuid4().hex
+    wanted = {f"spool-{run}-{i}" for i in range(20)}
+    body = {"capability": "echo.all", "input": {}}
+    port = free_port()
+    with Forwarder.for_url(settings.REDIS_URL) as forwarder:
+        doomed = subprocess.Popen(
+            [sys.executable, *uvicorn_args(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=gateway_env(tmp_path, redis_url=forwarder.url(settings.REDIS_URL)))
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until_serving(base, doomed)
+            with httpx.Client(base_url=base, timeout=30, headers={
+                    "Authorization": f"Bearer {gateway.key}"}) as client, forwarder.outage():
+                for request_id in sorted(wanted):
+                    response = client.post("/v1/invoke", json=body,
+                                           headers={"X-Request-ID": request_id})
+                    assert response.status_code == 200, response.text
+                doomed.send_signal(signal.SIGKILL)
+                doomed.wait(timeout=30)
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+            doomed.wait()
+    with another_gateway(tmp_path, "successor"):  # the same data directory
+        assert _shipped(wanted) == wanted
+
+
+def _shipped(wanted: set[str]) -> set[str]:
+    """Those of ``wanted`` request ids whose usage events reached the Redis stream."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    stream = settings.REDIS_KEY_PREFIX + "usage"
+    found: set[str] = set()
+
+    def all_there() -> bool:
+        for _, fields in client.xrange(stream):
+            found.update(e["request_id"] for e in orjson.loads(fields[b"b"])
+                         if e.get("request_id") in wanted)
+        return found == wanted
+
+    try:
+        wait_for(all_there, timeout=30, interval=0.2, message="the killed gateway's usage")
+    except WaitTimeout:
+        pass  # the assertion says which are missing
+    finally:
+        client.close()
+    return found
