@@ -2,9 +2,9 @@
 
 One breaker per upstream instance (keyed by its int pk). CLOSED lets every call through and
 keeps outcomes in a sliding window of per-second buckets; once the window holds at least
-``min_volume`` calls and the failure share reaches ``failure_ratio`` the breaker OPENs. After
-``cooldown_seconds`` it turns HALF_OPEN and lets exactly one probe through: success closes it,
-failure re-opens it with a fresh cool-down.
+``min_volume`` calls and a failure brings the failure share to ``failure_ratio``, the breaker
+OPENs. After ``cooldown_seconds`` it turns HALF_OPEN and lets exactly one probe through:
+success closes it, failure re-opens it with a fresh cool-down.
 
 Stdlib only and thread-safe: the asyncio gateway records outcomes while the router reads the
 open set from other threads. Every method is O(window) at worst and never blocks on I/O.
@@ -118,7 +118,10 @@ class CircuitBreakers:
             else:
                 b.fail += 1
             total = b.ok + b.fail
-            if total >= self._min_volume and b.fail / total >= self._ratio:
+            # Only a failure trips it: a success that brings the window to its volume
+            # says the instance answers (a break test saw one open on a success 29 s
+            # after the last failure, and refuse every call for 30 s).
+            if not ok and total >= self._min_volume and b.fail / total >= self._ratio:
                 self._open(b, now)
 
     def state(self, instance_pk: int) -> BreakerState:

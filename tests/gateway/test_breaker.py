@@ -47,6 +47,19 @@ def test_opens_exactly_at_threshold() -> None:
     assert cb.state(2) is BreakerState.CLOSED
 
 
+def test_a_success_never_trips_it() -> None:
+    """Nine failures, then a success brings the window to its volume at 90 % failed: the
+    instance just answered, so it stays closed; the next failure trips it."""
+    clock = FakeClock()
+    cb = _breakers(clock)
+    _feed(cb, 1, 0, 9)
+    clock.advance(29)
+    _feed(cb, 1, 1, 0)
+    assert cb.state(1) is BreakerState.CLOSED
+    _feed(cb, 1, 0, 1)
+    assert cb.state(1) is BreakerState.OPEN
+
+
 def test_old_outcomes_slide_out_of_window() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
