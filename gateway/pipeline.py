@@ -494,10 +494,13 @@ class Pipeline:
         body_hash = idempotency.fingerprint(request.raw)
         lease_s = ctx.budget_ms / 1000 + self.config.lease_margin_s
         try:
+            # A duplicate waits for the first call up to a little before its deadline,
+            # then gets its 409 (the key is busy), not the deadline's 504.
             outcome, stored = await within_deadline(ctx, idempotency.claim_or_wait(
                 store, record, body_hash, owner, lease_s,
-                wait_s=min(lease_s, ctx.remaining_ms() / 1000) if ctx.caller_bound
-                else lease_s))
+                wait_s=max(0.0, min(lease_s, ctx.remaining_ms() / 1000
+                                    - 2 * idempotency.POLL_SECONDS))
+                if ctx.caller_bound else lease_s))
         except ReachError:
             raise
         except Exception as exc:  # Redis unreachable: the documented policy, never a 500

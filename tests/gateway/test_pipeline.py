@@ -451,3 +451,28 @@ def test_a_caller_budget_that_ran_out_is_the_callers_even_when_the_timer_fires_e
         assert reply.status_code == 504, reply.text
         assert reply.json()["error"]["code"] == "deadline_exceeded", reply.text
     assert breakers == {}  # the caller's own deadline: nothing counted against the agent
+
+
+def test_a_duplicate_with_a_short_deadline_hears_the_key_is_busy(scripted):
+    """A duplicate that cannot wait for the first call (its deadline is shorter) gets
+    409 ``idempotency_in_progress`` with Retry-After, not a 504: what it needs to know is
+    that the key is taken, and when to come back."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    marker = f"busy-{uuid.uuid4().hex}"
+    body = {"capability": "slow.op", "input": {"marker": marker}}
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            first = asyncio.ensure_future(gw.post("/v1/invoke", body, Idempotency_Key=marker))
+            while not scripted.calls_with(marker):  # the first is at the agent (2 s)
+                await asyncio.sleep(0.02)
+            duplicate = await gw.post("/v1/invoke", body, Idempotency_Key=marker,
+                                      X_Reach_Deadline_Ms="300")
+            return await first, duplicate
+
+    first, duplicate = run(scenario())
+    assert first.status_code == 200, first.text
+    assert duplicate.status_code == 409, duplicate.text
+    assert duplicate.json()["error"]["code"] == "idempotency_in_progress"
+    assert int(duplicate.headers["retry-after"]) >= 1
+    assert scripted.calls_with(marker) == 1
