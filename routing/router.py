@@ -9,6 +9,7 @@ A/B shares, then balance with smooth weighted round robin.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -169,6 +170,10 @@ UNANSWERED_FACTOR = 4.0
 # How long a call that timed out unanswered keeps its instance avoided when the table
 # carries no lease for it (with a lease: until a heartbeat renews it, or it lapses).
 UNANSWERED_HOLD_S = 10.0
+# Observed failures fade with this time constant (seconds) where no calls come to
+# outweigh them: a minute after a burst of failures, an idle instance is back to about
+# 87 % of its weight.
+SUCCESS_MEMORY_S = 30.0
 
 
 class Feedback:
@@ -195,7 +200,7 @@ class Feedback:
         self._alpha = alpha
         self._clock = clock
         self.observed = False  # nothing recorded yet: every factor is 1
-        self._success: dict[int, float] = {}
+        self._success: dict[int, tuple[float, float]] = {}  # (success rate, recorded at)
         self._latency: dict[int, float] = {}
         self._lock = threading.Lock()
         self._tokens = itertools.count()
@@ -264,9 +269,10 @@ class Feedback:
     def record(self, instance_pk: int, *, ok: bool, latency_ms: float) -> None:
         a = self._alpha
         self.observed = True
+        now = self._clock()
         with self._lock:
-            s = self._success.get(instance_pk, 1.0)
-            self._success[instance_pk] = (1 - a) * s + a * (1.0 if ok else 0.0)
+            s = self._success_at(instance_pk, now)
+            self._success[instance_pk] = ((1 - a) * s + a * (1.0 if ok else 0.0), now)
             if ok:
                 lat = self._latency.get(instance_pk)
                 self._latency[instance_pk] = latency_ms if lat is None else (
@@ -274,7 +280,20 @@ class Feedback:
                 )
 
     def success(self, instance_pk: int) -> float:
-        return self._success.get(instance_pk, 1.0)
+        return self._success_at(instance_pk, self._clock())
+
+    def _success_at(self, instance_pk: int, now: float) -> float:
+        """The success rate, its failures forgotten over time (``SUCCESS_MEMORY_S``): only
+        calls raised it again, and one ranked low gets few, so a burst of failures left an
+        instance with 1 % of the traffic for minutes after it had recovered (a break
+        test)."""
+        found = self._success.get(instance_pk)
+        if found is None:
+            return 1.0
+        rate, at = found
+        if rate >= 1.0:
+            return rate
+        return 1.0 - (1.0 - rate) * math.exp((at - now) / SUCCESS_MEMORY_S)
 
     def latency(self, instance_pk: int) -> float | None:
         return self._latency.get(instance_pk)

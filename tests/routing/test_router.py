@@ -13,6 +13,7 @@ from routing.router import (
     load_pressure,
 )
 from tests.routing.tables import agent, grant, inst, table
+from tests.support.clock import FakeClock
 
 CAP = "translate.text"
 
@@ -205,6 +206,32 @@ def test_observed_failures_and_latency_lower_an_instance():
     assert by_pk[a.instances[1].pk].latency_factor == pytest.approx(0.5)  # sqrt(100/400)
     assert by_pk[a.instances[2].pk].latency_factor == 1.0
     assert decision.candidates[0].instance.pk == a.instances[2].pk
+
+
+def test_observed_failures_fade_when_no_calls_outweigh_them():
+    """Break test (helper-34): a burst of 5xx left an instance at a success factor of
+    0.05, so it got about 1 % of the calls and needed thousands to climb back, for
+    minutes after it had recovered. Failures fade with time too."""
+    clock = FakeClock()
+    a = agent("a", instances=(inst(), inst()))
+    feedback = Feedback(clock=clock)
+    for _ in range(30):
+        feedback.record(a.instances[0].pk, ok=False, latency_ms=10)
+    feedback.record(a.instances[1].pk, ok=True, latency_ms=10)
+    router = Router(feedback=feedback)
+
+    def share() -> float:
+        picks = Counter(router.route(table(a), request()).chosen.instance.pk
+                        for _ in range(200))
+        return picks[a.instances[0].pk] / 200
+
+    assert feedback.success(a.instances[0].pk) < 0.05
+    assert share() < 0.1
+    clock.advance(60)
+    assert feedback.success(a.instances[0].pk) == pytest.approx(0.87, abs=0.01)
+    assert share() > 0.4
+    feedback.record(a.instances[0].pk, ok=False, latency_ms=10)  # failing again: down
+    assert feedback.success(a.instances[0].pk) < 0.8
 
 
 def test_priority_one_is_used_while_any_of_it_is_healthy():
