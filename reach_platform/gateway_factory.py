@@ -114,7 +114,7 @@ def build_gateway(*, table: Callable[[], RouteTable], router: Router,
     from reach_platform.task_store import DjangoTaskStore
 
     tracing.configure_from_environment()
-    usage = UsageQueue(spool=UsageSpool(settings.USAGE_SPOOL_DIR)) if governed else None
+    usage = UsageQueue(spool=usage_spool()) if governed else None
     if usage is not None and not MULTIPROCESS:
         USAGE_BACKLOG.set_function(usage.__len__)  # else each worker sets it (refresh_gauges)
     # Smaller than usage's: an event holds up to 1,000 characters of intent.
@@ -241,6 +241,18 @@ async def wakeups(client, channel: str):
         except Exception as exc:  # Redis away: the engine polls the database meanwhile
             logger.warning("task doorbell: subscription lost (%s)", type(exc).__name__)
             await asyncio.sleep(1.0)
+
+
+def usage_spool() -> UsageSpool | None:
+    """This process's usage spool; None, said loudly, when its directory cannot be
+    written: calls go on, their events only in memory until shipped, as without one."""
+    try:
+        return UsageSpool(settings.USAGE_SPOOL_DIR)
+    except OSError as exc:
+        logger.error("usage spool: %s is not usable (%s); a gateway process killed before "
+                     "shipping its usage events loses them (set REACH_USAGE_SPOOL_DIR)",
+                     settings.USAGE_SPOOL_DIR, exc)
+        return None
 
 
 def redis_client(url: str):

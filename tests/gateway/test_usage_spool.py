@@ -193,3 +193,18 @@ def _shipped(wanted: set[str]) -> set[str]:
     finally:
         client.close()
     return found
+
+
+def test_an_unusable_spool_directory_leaves_the_gateway_running_and_says_so(
+        tmp_path, settings, caplog):
+    from reach_platform.gateway_factory import usage_spool
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    settings.USAGE_SPOOL_DIR = blocker / "usage-spool"
+    assert usage_spool() is None
+    assert "REACH_USAGE_SPOOL_DIR" in caplog.text
+    settings.USAGE_SPOOL_DIR = tmp_path / "usage-spool"
+    spool = usage_spool()
+    assert spool is not None
+    spool.close()
