@@ -74,6 +74,10 @@ class CallContext:
     answered: float | None = None
     first_byte: float | None = None
     entered_at: float = field(default_factory=time.time)
+    # Its usage event's id, and its open line in the usage spool once it went to an
+    # agent (``gateway.usage_spool``): what it is metered if this process dies first.
+    event_id: str | None = None
+    spooled: Any = None
     # Tracing (gateway.tracing): the caller's W3C trace headers, and while tracing is on
     # the call's span and its current attempt's.
     traceparent: str | None = None

@@ -314,6 +314,8 @@ class Pipeline:
             ctx.admission = await within_deadline(ctx, self.governor.admit(
                 table, ctx.tenant_pk, candidate, ceiling=ceiling(candidate, payload),
                 lease_s=self._lease_s(ctx, call)))
+            if self.usage is not None and ctx.metered and ctx.spooled is None:
+                ctx.spooled = self.usage.opened(self._usage_event(ctx, Outcome.WORKER_LOST))
 
     async def _submit(self, request: Request, call: Call, ctx: CallContext,
                       candidate: Candidate) -> str:
@@ -777,8 +779,18 @@ class Pipeline:
                 requests=answered, tokens=input_tokens + output_tokens, cost=spent))
         TOKENS_IN.inc(input_tokens)
         TOKENS_OUT.inc(output_tokens)
-        self.usage.emit({
-            "event_id": requestid.new_request_id(),
+        spooled, ctx.spooled = ctx.spooled, None
+        self.usage.emit(self._usage_event(ctx, outcome, input_tokens, output_tokens, spent),
+                        spooled)
+
+    @staticmethod
+    def _usage_event(ctx: CallContext, outcome: str, input_tokens: int = 0,
+                     output_tokens: int = 0, spent: float = 0.0) -> dict:
+        if ctx.event_id is None:
+            ctx.event_id = requestid.new_request_id()
+        candidate = ctx.candidate
+        return {
+            "event_id": ctx.event_id,
             "request_id": ctx.request_id, "tenant": ctx.tenant_pk,
             "agent": candidate.agent.pk if candidate else None,
             "capability": candidate.capability.pk if candidate else None,
@@ -792,7 +804,7 @@ class Pipeline:
             "route_ms": _ms(ctx.started, ctx.routed),
             "upstream_ms": _ms(ctx.sent, ctx.answered),
             "first_byte_ms": _ms(ctx.started, ctx.first_byte),
-        })
+        }
 
 
 T = TypeVar("T")

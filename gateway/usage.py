@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from gateway.metrics import USAGE_DROPPED
 from gateway.usage_spool import UsageSpool
@@ -32,16 +33,27 @@ class UsageQueue:
         self._lock = threading.Lock()
         self.emitted = 0
 
-    def emit(self, event: dict) -> None:
+    def opened(self, event: dict) -> Any:
+        """A call goes to an agent: with a spool, ``event`` (its ``worker_lost`` event) is
+        what it is metered if this process dies first; pass what this returns to its
+        final ``emit``."""
+        if self._spool is None:
+            return None
         with self._lock:
-            self._emit(event)
+            return self._spool.opened(event)
 
-    def _emit(self, event: dict) -> None:
+    def emit(self, event: dict, opened: Any = None) -> None:
+        with self._lock:
+            self._emit(event, opened)
+
+    def _emit(self, event: dict, opened: Any = None) -> None:
         if len(self._events) >= self._maxlen:
             self._on_drop()
+            if opened is not None:  # dropped: its open line must not outlive it either
+                self._spool.resolved(opened)
             return
         if self._spool is not None:
-            self._spool.write(event)
+            self._spool.write(event, opened)
         self._events.append(event)
         self.emitted += 1
 

@@ -6,6 +6,8 @@ kernel's own release of their locks is what tells an orphan from a live process'
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import signal
 import subprocess
 import sys
@@ -171,20 +173,62 @@ def test_calls_answered_before_a_gateway_is_killed_are_metered_by_its_successor(
                 doomed.kill()
             doomed.wait()
     with another_gateway(tmp_path, "successor"):  # the same data directory
-        assert _shipped(wanted) == wanted
+        assert set(_shipped(wanted)) == wanted
 
 
-def _shipped(wanted: set[str]) -> set[str]:
-    """Those of ``wanted`` request ids whose usage events reached the Redis stream."""
+@needs_redis
+def test_calls_at_their_agents_when_a_gateway_is_killed_are_metered_as_lost(
+        gateway, tmp_path):
+    """Break test (helper-34): the calls a SIGKILL cut short, which their agent ran, had
+    no usage event at all. Now each has one, ``worker_lost``, naming its agent."""
+    run = uuid.uuid4().hex
+    wanted = {f"lost-{run}-{i}" for i in range(8)}
+    port = free_port()
+    doomed = subprocess.Popen([sys.executable, *uvicorn_args(port)], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=gateway_env(tmp_path))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_serving(base, doomed)
+
+        def send(request_id: str) -> None:
+            with contextlib.suppress(httpx.TransportError), httpx.Client(
+                    base_url=base, timeout=30,
+                    headers={"Authorization": f"Bearer {gateway.key}"}) as client:
+                client.post("/v1/invoke", headers={"X-Request-ID": request_id},
+                            json={"capability": "slow.op", "input": {"run": run}})
+
+        with concurrent.futures.ThreadPoolExecutor(len(wanted)) as pool:
+            sent = [pool.submit(send, request_id) for request_id in wanted]
+            wait_for(lambda: sum(1 for e in gateway.seen() if run in repr(e.get("body")))
+                     >= len(wanted), timeout=20, interval=0.05,
+                     message="every call at the agent")
+            doomed.send_signal(signal.SIGKILL)
+            for future in sent:
+                future.result()
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+        doomed.wait()
+    with another_gateway(tmp_path, "successor"):
+        events = _shipped(wanted)
+    assert set(events) == wanted
+    assert {e["outcome"] for e in events.values()} == {"worker_lost"}
+    assert all(e["capability"] is not None and e["agent"] is not None
+               for e in events.values())
+
+
+def _shipped(wanted: set[str]) -> dict[str, dict]:
+    """The usage events of those of ``wanted`` request ids that reached the Redis stream."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     stream = settings.REDIS_KEY_PREFIX + "usage"
-    found: set[str] = set()
+    found: dict[str, dict] = {}
 
     def all_there() -> bool:
         for _, fields in client.xrange(stream):
-            found.update(e["request_id"] for e in orjson.loads(fields[b"b"])
+            found.update((e["request_id"], e) for e in orjson.loads(fields[b"b"])
                          if e.get("request_id") in wanted)
-        return found == wanted
+        return set(found) == wanted
 
     try:
         wait_for(all_there, timeout=30, interval=0.2, message="the killed gateway's usage")
@@ -208,3 +252,56 @@ def test_an_unusable_spool_directory_leaves_the_gateway_running_and_says_so(
     spool = usage_spool()
     assert spool is not None
     spool.close()
+
+
+CALLER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from gateway.usage import UsageQueue
+    from gateway.usage_spool import UsageSpool
+
+    directory, run = sys.argv[1:]
+    queue = UsageQueue(spool=UsageSpool(Path(directory)))
+    calls = [queue.opened({"event_id": f"{run}-{i}", "outcome": "worker_lost"})
+             for i in range(3)]
+    queue.emit({"event_id": f"{run}-0", "outcome": "success"}, calls[0])
+    queue.shipped(len(queue.drain()))  # shipped, its file kept: calls 1 and 2 are open
+    queue.emit({"event_id": f"{run}-1", "outcome": "success"}, calls[1])
+    print("READY", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_call_cut_short_by_the_kill_is_metered_once_as_lost(tmp_path):
+    """Three calls at agents; the first ended and was shipped, the second ended and was
+    not shipped, the third was running when the process was killed: recovery gives the
+    second's event and the third's open one, and nothing of the first."""
+    run = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-c", CALLER, str(tmp_path), run], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.stdout.close()
+    events: list[dict] = []
+    spool = UsageSpool(tmp_path)
+    spool.recover(events.append)
+    spool.close()
+    # The first is shipped, but its file also holds the others' open lines, so it stays
+    # and comes back too: stored once all the same (events are unique by event_id).
+    assert {e["event_id"]: e["outcome"] for e in events} == {
+        f"{run}-0": "success", f"{run}-1": "success", f"{run}-2": "worker_lost"}
+    assert all("open" not in e for e in events)
+    assert list(tmp_path.glob("usage-*.jsonl")) == []
+
+
+def test_a_file_goes_once_its_events_are_shipped_and_its_calls_ended(tmp_path):
+    queue = UsageQueue(spool=UsageSpool(tmp_path))
+    call = queue.opened({"event_id": "c", "outcome": "worker_lost"})
+    queue.emit({"event_id": "a"})
+    queue.shipped(len(queue.drain()))  # "a" shipped; the call still open: the file stays
+    queue.emit({"event_id": "b"})  # in a new file
+    assert len(list(tmp_path.glob("usage-*.jsonl"))) == 2
+    queue.emit({"event_id": "c", "outcome": "success"}, call)  # the call ends
+    assert len(list(tmp_path.glob("usage-*.jsonl"))) == 1
+    queue.close()
+    assert recovered(tmp_path) == ["b", "c"]
