@@ -502,7 +502,7 @@ class Pipeline:
                 store, record, body_hash, owner, lease_s,
                 wait_s=max(0.0, min(lease_s, ctx.remaining_ms() / 1000
                                     - 2 * idempotency.POLL_SECONDS))
-                if ctx.caller_bound else lease_s))
+                if ctx.caller_budget_ms else lease_s))
         except ReachError:
             raise
         except Exception as exc:  # Redis unreachable: the documented policy, never a 500
@@ -812,20 +812,26 @@ T = TypeVar("T")
 
 async def within_deadline(ctx: CallContext, step: Awaitable[T]) -> T:
     """``step`` (what the gateway does before the agent is asked: admission, the
-    idempotency claim) ends with the caller's deadline, as the call does: a hung Redis
-    held calls with a 500 ms deadline for 3 to 4 s (a break test). Cut short, it is the
-    caller's 504 ``deadline_exceeded``; what it left in Redis (a reservation, a claim)
-    lapses with its lease."""
-    if not ctx.caller_bound:
+    idempotency claim) ends with the call's budget when the caller gave a deadline: a
+    hung Redis held calls with a 500 ms deadline for 3 to 4 s (a break test), and, its
+    re-test, a 3,000 ms deadline on a 3,000 ms capability for 5 s. Cut short, it is the
+    caller's 504 ``deadline_exceeded`` (or, when the agent's shorter timeout was the
+    budget, the gateway's 503); what it left in Redis (a reservation, a claim) lapses
+    with its lease."""
+    if not ctx.caller_budget_ms:
         return await step
     deadline = asyncio.timeout(max(0.0, ctx.remaining_ms() / 1000))
     try:
         async with deadline:
             return await step
     except TimeoutError:
-        if deadline.expired():
-            raise ctx.timed_out() from None
-        raise
+        if not deadline.expired():
+            raise
+        if ctx.caller_budget_ms <= ctx.budget_ms:
+            raise ReachError("deadline_exceeded", f"The caller's budget of "
+                             f"{ctx.caller_budget_ms} ms ran out.") from None
+        raise ReachError("service_unavailable", "The gateway could not forward the call "
+                         "within its budget; retry shortly.") from None
 
 
 def _refuse_if_taken(outcome: idempotency.Outcome, lease_s: float) -> None:

@@ -7,14 +7,19 @@ test-owned forwarder, frozen to play a hung server; the gate's clock is injected
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 
 import pytest
 import redis.exceptions
 from django.conf import settings
+from django.utils import timezone
 
 from gateway.redis_gate import RedisGate
 from reach_platform.gateway_factory import redis_client
+from registry.models import Instance
+from registry.services import agent_register
+from registry.spec import AgentSpec, CapabilitySpec
 from tenants.models import Quota
 from tests.support.clock import FakeClock
 from tests.support.forwarder import Forwarder
@@ -109,13 +114,25 @@ def test_a_hung_redis_holds_no_call_past_its_deadline_nor_every_call_anew(gatewa
     # Burst 10: leases of one token, so every call asks Redis; and a budget to reserve.
     Quota.objects.create(tenant=gateway.tenant, requests_per_minute=6000, burst=10,
                          monthly_requests=100_000)
+    # A capability whose own timeout is the caller's deadline (helper-35: a 3,000 ms
+    # deadline on a 3,000 ms capability answered after 5 s: only deadlines shorter than
+    # the timeout were kept).
+    agent_register(tenant=gateway.tenant, spec=AgentSpec(
+        name="scripted-quick", protocol="http",
+        endpoint=f"http://127.0.0.1:{gateway.agent_port}/", capabilities=(
+            CapabilitySpec(capability_id="echo.quick", path="/echo", timeout_ms=300),)))
+    Instance.objects.update(lease_expires_at=timezone.now() + dt.timedelta(hours=1))
     version = current_version()
     wait_for(lambda: (scrape(gateway.base, "reach_route_table_version") or 0) >= version,
              timeout=15, interval=0.05, message="the quota to reach the gateway")
     body = {"capability": "echo.all", "input": {}}
+    quick = {"capability": "echo.quick", "input": {}}
     with gateway.client() as client:
         assert client.post("/v1/invoke", json=body).status_code == 200
+        assert client.post("/v1/invoke", json=quick).status_code == 200
         with gateway.redis.freeze():
+            equal = client.post("/v1/invoke", json=quick,
+                                headers={"X-Reach-Deadline-Ms": "300"})
             started = time.monotonic()
             tight = client.post("/v1/invoke", json=body,
                                 headers={"X-Reach-Deadline-Ms": "300"})
@@ -125,13 +142,14 @@ def test_a_hung_redis_holds_no_call_past_its_deadline_nor_every_call_anew(gatewa
                 started = time.monotonic()
                 response = client.post("/v1/invoke", json=body)
                 later.append((response.status_code, time.monotonic() - started))
-    assert tight.status_code == 504, tight.text
-    assert tight.json()["error"]["code"] == "deadline_exceeded"
+    for cut in (equal, tight):
+        assert cut.status_code == 504, cut.text
+        assert cut.json()["error"]["code"] == "deadline_exceeded"
     # Cut at its deadline, not after Redis's socket time-out (1 s, then the retry's).
     assert tight_s < 1.0, tight_s
     # The limits fail open and the budget admits without a reservation (documented);
     # one call waits out the socket time-out, and the others do not wait on Redis at all
-    # but for a probe once a second: without the gate, every one waited 2 s or more.
+    # but for a probe once a second: without the gate, every one waited on each command.
     assert [status for status, _ in later] == [200] * 10, later
     waited = [seconds for _, seconds in later if seconds >= 1.0]
     assert len(waited) <= 3, later
