@@ -15,8 +15,10 @@ fails fast anyway, and one dropped by a restart is retried at once by the client
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -60,23 +62,29 @@ class RedisGate:
             self._shut_until = None
 
 
+async def _through(gate: RedisGate, send: Callable[[], Awaitable[Any]]) -> Any:
+    """``send()`` (one command or one pipeline) through ``gate``."""
+    probe = gate.enter()
+    answered = None
+    try:
+        result = await send()
+        answered = True
+        return result
+    except RedisTimeoutError:
+        answered = False
+        raise
+    finally:
+        gate.leave(probe, answered)
+
+
 class GatedRedis(aioredis.Redis):
     """The asyncio client, every command and pipeline through one ``RedisGate``."""
 
     gate: RedisGate
 
     async def execute_command(self, *args, **options):
-        probe = self.gate.enter()
-        answered = None
-        try:
-            result = await super().execute_command(*args, **options)
-            answered = True
-            return result
-        except RedisTimeoutError:
-            answered = False
-            raise
-        finally:
-            self.gate.leave(probe, answered)
+        return await _through(self.gate, functools.partial(super().execute_command, *args,
+                                                           **options))
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         pipe = GatedPipeline(self.connection_pool, self.response_callbacks, transaction,
@@ -89,17 +97,7 @@ class GatedPipeline(Pipeline):
     gate: RedisGate
 
     async def execute(self, raise_on_error: bool = True):
-        probe = self.gate.enter()
-        answered = None
-        try:
-            result = await super().execute(raise_on_error)
-            answered = True
-            return result
-        except RedisTimeoutError:
-            answered = False
-            raise
-        finally:
-            self.gate.leave(probe, answered)
+        return await _through(self.gate, functools.partial(super().execute, raise_on_error))
 
 
 def gated(pool: aioredis.ConnectionPool, gate: RedisGate | None = None) -> GatedRedis:

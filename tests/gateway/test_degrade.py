@@ -19,6 +19,13 @@ def invoke(capability: str, **input_) -> dict:
     return {"capability": capability, "input": input_}
 
 
+def two_instances(scripted):
+    """The scripted agents, the first with two (healthy) instances: its route table, key."""
+    agents = scripted_agents(scripted.endpoint)
+    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
+    return route_table(agents)
+
+
 def test_past_the_in_flight_cap_calls_are_shed_at_once_with_retry_after(scripted):
     table, key = route_table(scripted_agents(scripted.endpoint))
 
@@ -202,9 +209,7 @@ def test_a_keyed_call_to_an_agent_that_is_slow_everywhere_gets_its_usual_time(sc
     """Two healthy instances that each take 2 s: once that is their known latency, a
     keyed call with a 3 s deadline waits for its answer instead of cutting the first
     attempt at 60 % and timing out on both (a break test: 504 after running twice)."""
-    agents = scripted_agents(scripted.endpoint)
-    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
-    table, key = route_table(agents)
+    table, key = two_instances(scripted)
 
     async def scenario():
         async with in_process(table, key) as gw:
@@ -223,9 +228,7 @@ def test_a_key_never_turns_a_slow_capability_beside_a_fast_one_into_a_failure(sc
     and a slow one in 2.2 s (here 2 s); the slow one, timeout 3 s, answered 200 without
     a key and 504 with one, after running on both instances: the first attempt was cut
     at 60 %, judged by the instance's usual latency, which the fast capability set."""
-    agents = scripted_agents(scripted.endpoint)
-    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
-    table, key = route_table(agents)
+    table, key = two_instances(scripted)
     marker = f"slow-keyed-{uuid.uuid4().hex}"
 
     async def scenario():
@@ -249,9 +252,7 @@ def test_a_keyed_call_to_a_slow_agent_on_instances_never_yet_answered_fails_once
     """Nothing known of either instance or the capability: the first keyed call's first
     attempt gets its share (a hung instance would be retried on the other), times out on
     the slow agent, and runs again there; the next keyed call knows it takes that long."""
-    agents = scripted_agents(scripted.endpoint)
-    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
-    table, key = route_table(agents)
+    table, key = two_instances(scripted)
     marker = f"slow-cold-{uuid.uuid4().hex}"
 
     async def scenario():
@@ -299,9 +300,7 @@ def test_a_callers_own_tight_deadline_marks_no_instance_unanswered(scripted):
     """A healthy instance slower than one caller's deadline is not "unanswered": that
     caller's time-outs must not steer every other caller's routing (break test: six
     50 ms calls sent all later calls to one instance of three)."""
-    agents = scripted_agents(scripted.endpoint)
-    agents[0] = with_instances(agents[0], scripted.endpoint, scripted.endpoint)
-    table, key = route_table(agents)
+    table, key = two_instances(scripted)
 
     async def scenario():
         async with in_process(table, key) as gw:

@@ -30,77 +30,78 @@ needs_redis = pytest.mark.skipif(not settings.REDIS_URL,
                                  reason="needs the machine's Redis (.ci/run sets REDIS_URL)")
 
 
-@needs_redis
-def test_one_time_out_shuts_the_gate_and_one_probe_at_a_time_opens_it():
+def through_a_forwarder(scenario) -> None:
+    """Run ``scenario(client, forwarder, clock)``: the gateway's Redis client, reaching
+    the machine's Redis through a test-owned forwarder, its gate on an injected clock."""
     clock = FakeClock()
 
-    async def scenario(forwarder: Forwarder) -> None:
+    async def run(forwarder: Forwarder) -> None:
         client = redis_client(forwarder.url(settings.REDIS_URL))
         client.gate = RedisGate(cooldown_s=1.0, clock=clock)
         try:
-            assert await client.ping()
-            with forwarder.freeze():
-                with pytest.raises(redis.exceptions.TimeoutError):
-                    await client.ping()  # the socket time-out: the one command that waits
-                accepted = forwarder.accepted
-                for _ in range(3):  # the others fail at once, without a connection
-                    with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
-                        await client.ping()
-                with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
-                    await client.pipeline(transaction=False).ping().execute()
-                assert forwarder.accepted == accepted
-                clock.advance(1.0)
-                probe = asyncio.ensure_future(client.ping())  # the probe, still hung
-                await asyncio.sleep(0)
-                with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
-                    await client.ping()  # one probe at a time
-                with pytest.raises(redis.exceptions.TimeoutError):
-                    await probe
-                assert client.gate.shut  # the probe timed out: shut again
-            with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
-                await client.ping()  # answering again, but not yet asked
-            clock.advance(1.0)
-            assert await client.ping()  # the probe answers: open
-            assert not client.gate.shut
-            assert await client.pipeline(transaction=False).ping().execute() == [True]
+            await scenario(client, forwarder, clock)
         finally:
             await client.aclose()
             await client.connection_pool.disconnect()
 
     with Forwarder.for_url(settings.REDIS_URL) as forwarder:
-        asyncio.run(scenario(forwarder))
+        asyncio.run(run(forwarder))
+
+
+@needs_redis
+def test_one_time_out_shuts_the_gate_and_one_probe_at_a_time_opens_it():
+    async def scenario(client, forwarder, clock) -> None:
+        assert await client.ping()
+        with forwarder.freeze():
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await client.ping()  # the socket time-out: the one command that waits
+            accepted = forwarder.accepted
+            for _ in range(3):  # the others fail at once, without a connection
+                with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
+                    await client.ping()
+            with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
+                await client.pipeline(transaction=False).ping().execute()
+            assert forwarder.accepted == accepted
+            clock.advance(1.0)
+            probe = asyncio.ensure_future(client.ping())  # the probe, still hung
+            await asyncio.sleep(0)
+            with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
+                await client.ping()  # one probe at a time
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await probe
+            assert client.gate.shut  # the probe timed out: shut again
+        with pytest.raises(redis.exceptions.ConnectionError, match="not asked"):
+            await client.ping()  # answering again, but not yet asked
+        clock.advance(1.0)
+        assert await client.ping()  # the probe answers: open
+        assert not client.gate.shut
+        assert await client.pipeline(transaction=False).ping().execute() == [True]
+
+    through_a_forwarder(scenario)
 
 
 @needs_redis
 def test_a_cancelled_command_neither_shuts_nor_opens_the_gate():
     """A caller's deadline cutting a command short says nothing of Redis; a cancelled
     probe lets the next command probe."""
-    clock = FakeClock()
 
-    async def scenario(forwarder: Forwarder) -> None:
-        client = redis_client(forwarder.url(settings.REDIS_URL))
-        client.gate = RedisGate(cooldown_s=1.0, clock=clock)
-        try:
-            with forwarder.freeze():
-                with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(0.05):
-                        await client.ping()
-                assert not client.gate.shut
-                with pytest.raises(redis.exceptions.TimeoutError):
+    async def scenario(client, forwarder, clock) -> None:
+        with forwarder.freeze():
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
                     await client.ping()
-                clock.advance(1.0)
-                with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(0.05):
-                        await client.ping()  # the probe, cancelled
-            clock.advance(1.0)
-            assert await client.ping()  # the next command is the probe
             assert not client.gate.shut
-        finally:
-            await client.aclose()
-            await client.connection_pool.disconnect()
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await client.ping()
+            clock.advance(1.0)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await client.ping()  # the probe, cancelled
+        clock.advance(1.0)
+        assert await client.ping()  # the next command is the probe
+        assert not client.gate.shut
 
-    with Forwarder.for_url(settings.REDIS_URL) as forwarder:
-        asyncio.run(scenario(forwarder))
+    through_a_forwarder(scenario)
 
 
 @needs_redis
