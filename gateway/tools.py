@@ -44,6 +44,7 @@ from gateway.upstream import read_limited
 from gateway.usage import UsageQueue
 from reach_core import requestid
 from reach_core.errors import ReachError
+from reach_core.kinds import Outcome
 from reach_core.numbers import rounded
 from routing.table import RouteTable, ToolEntry
 
@@ -163,9 +164,13 @@ class ToolDoors:
         cannot be read or parsed is a call of the tool too."""
         started = self._clock()
         outcome, status = "internal_error", None
+        event_id, opened = requestid.new_request_id(), None
         try:
             if callable(arguments):
                 arguments = await arguments()
+            if self.usage is not None:  # a SIGKILL from here on still leaves one event
+                opened = self.usage.opened(self._usage_event(
+                    who, tool, arguments, request_id, event_id, Outcome.WORKER_LOST, None, 0.0))
             owner = table.tenants.get(tool.owner_tenant_pk)
             result = await self._call(who, tool, arguments, deadline_ms,
                                       owner.slug if owner is not None else "")
@@ -178,7 +183,8 @@ class ToolDoors:
             outcome = "client_cancelled"
             raise
         finally:
-            self._audit(who, tool, arguments, request_id, outcome, status, started, table)
+            self._audit(who, tool, arguments, request_id, outcome, status, started, table,
+                        event_id, opened)
 
     async def _call(self, who: ToolCaller, tool: ToolEntry, arguments,
                     deadline_ms: int | None, owner: str) -> dict:
@@ -308,7 +314,8 @@ class ToolDoors:
             slot.release()
 
     def _audit(self, who: ToolCaller, tool: ToolEntry, arguments, request_id: str,
-               outcome: str, status: int | None, started: float, table: RouteTable) -> None:
+               outcome: str, status: int | None, started: float, table: RouteTable,
+               event_id: str, opened=None) -> None:
         seconds = self._clock() - started
         TOOL_CALLS.labels(tool.name, outcome).inc()
         TOOL_CALL_DURATION.labels(tool.name).observe(seconds)
@@ -321,10 +328,16 @@ class ToolDoors:
                               "tool": tool.name, "caller_agent": who.agent_pk,
                               "outcome": outcome, "upstream_status": status,
                               "duration_ms": rounded(seconds * 1000, 3)}})
-        if self.usage is None:
-            return
-        self.usage.emit({
-            "event_id": requestid.new_request_id(), "request_id": request_id,
+        if self.usage is not None:
+            self.usage.emit(self._usage_event(who, tool, arguments, request_id, event_id,
+                                              outcome, status, seconds), opened)
+
+    def _usage_event(self, who: ToolCaller, tool: ToolEntry, arguments, request_id: str,
+                     event_id: str, outcome: str, status: int | None, seconds: float) -> dict:
+        """The call's audit record; its open (``worker_lost``) and final forms share
+        ``event_id``, so the store keeps one of them."""
+        return {
+            "event_id": event_id, "request_id": request_id,
             "tenant": who.tenant_pk, "agent": None, "capability": None, "instance": None,
             "tool": tool.pk, "caller_agent": who.agent_pk,
             "argument_digest": digest(arguments, self.digest_key)
@@ -332,7 +345,7 @@ class ToolDoors:
             "upstream_status": status, "outcome": outcome, "input_tokens": 0,
             "output_tokens": 0, "cost": 0.0, "latency_ms": int(seconds * 1000),
             "occurred_at": time.time(),
-        })
+        }
 
 
 def _timed_out(caller_bound: bool, budget_ms: int) -> ReachError:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.server
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 
 import httpx
@@ -305,3 +307,89 @@ def test_a_file_goes_once_its_events_are_shipped_and_its_calls_ended(tmp_path):
     assert len(list(tmp_path.glob("usage-*.jsonl"))) == 1
     queue.close()
     assert recovered(tmp_path) == ["b", "c"]
+
+
+class HeldService:
+    """A tool's external service that holds every request until ``release``."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Semaphore(0)
+        self.release = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.arrived.release()
+                outer.release.wait(30)
+                data = b'{"ok": true}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@needs_redis
+def test_tool_calls_at_their_service_when_a_gateway_is_killed_are_metered_as_lost(
+        gateway, tmp_path):
+    """The last note's gap: a gateway killed during tool calls left them without a usage
+    event (the audit record). Now each has one, ``worker_lost``, naming its tool."""
+    from tools.models import Tool
+    from tools.services import tool_save
+
+    service = HeldService()
+    tool = tool_save(tool=Tool(
+        owner_tenant=gateway.tenant, name="held-lookup", description="Looks one item up.",
+        input_schema={"type": "object", "properties": {"id": {"type": "string"}}},
+        url_template=service.url + "/item/{id}", method="GET", auth_kind="none",
+        timeout_ms=30_000))
+    run = uuid.uuid4().hex
+    wanted = {f"tool-lost-{run}-{i}" for i in range(4)}
+    port = free_port()
+    doomed = subprocess.Popen([sys.executable, *uvicorn_args(port)], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=gateway_env(tmp_path))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_serving(base, doomed)
+        auth = {"Authorization": f"Bearer {gateway.key}"}
+        wait_for(lambda: any(t["name"] == tool.name for t in httpx.get(
+            f"{base}/v1/tools", headers=auth, timeout=5).json().get("tools", [])),
+            timeout=15, interval=0.05, message="the gateway to know the tool")
+
+        def send(request_id: str) -> None:
+            with contextlib.suppress(httpx.TransportError):
+                httpx.post(f"{base}/v1/tools/{tool.name}/call", timeout=30,
+                           json={"arguments": {"id": request_id}},
+                           headers={**auth, "X-Request-ID": request_id})
+
+        with concurrent.futures.ThreadPoolExecutor(len(wanted)) as pool:
+            sent = [pool.submit(send, request_id) for request_id in wanted]
+            for _ in wanted:
+                assert service.arrived.acquire(timeout=20), "every call at the service"
+            doomed.send_signal(signal.SIGKILL)
+            for future in sent:
+                future.result()
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+        doomed.wait()
+        service.close()
+    with another_gateway(tmp_path, "successor"):
+        events = _shipped(wanted)
+    assert set(events) == wanted
+    assert {e["outcome"] for e in events.values()} == {"worker_lost"}
+    assert {e["tool"] for e in events.values()} == {tool.pk}
+    assert all(e["argument_digest"] for e in events.values())
