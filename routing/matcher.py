@@ -96,6 +96,10 @@ MAX_CANDIDATES = 50
 BM25_K1 = 1.2
 BUILD_SLICE = 256  # capability texts added at a time when an index is built
 BM25_B = 0.75
+# Postings whose BM25 weights an index keeps worked out (``IntentIndex._bm25``): a float
+# each, so at most 8 MB per index in use (a 10,000-capability index has 2.2 M postings;
+# a request's features reach some 36,000 of them, most of which every request shares).
+BM25_CACHE = 1_000_000
 
 
 def _kind_weight(feature: str) -> float:
@@ -314,6 +318,10 @@ class IntentIndex:
         average = (self._total_length / documents) if documents else 1.0
         # BM25's length normalisation, per slot (shorter documents favoured).
         self._norms = BM25_K1 * (1 - BM25_B + BM25_B * self._lengths / average)
+        # Per feature asked for, its postings' slots and BM25 term weights (``_bm25``):
+        # they change with every text added or removed, so they start afresh here.
+        self._bm25_cache: dict[str, tuple] = {}
+        self._bm25_cached = 0
         # A feature's idf by how many documents have it: few distinct counts, whatever
         # the number of features, so worked out anew for every change.
         self._idf = {d: _idf(documents, d) for d in self._df_counts}
@@ -435,13 +443,11 @@ class IntentIndex:
         if not query:
             return None
         # The query's features' postings side by side, summed per slot in one bincount.
-        rows = [self._postings[f] for f in query]
-        slots, tf = np.concatenate(rows, axis=1)
-        scale = np.repeat(np.fromiter(query.values(), dtype=np.float64, count=len(query)),
-                          [r.shape[1] for r in rows])
-        # Saturating term frequency, shorter documents favoured: BM25.
-        weights = tf * (BM25_K1 + 1) / (tf + self._norms[slots])
-        sums = np.bincount(slots, weights=weights * scale, minlength=len(self._texts))
+        rows = [self._bm25(f) for f in query]
+        slots = np.concatenate([r[0] for r in rows])
+        weights = np.concatenate([r[1] if q == r[2] else self._bm25_of(f) * q
+                                  for r, (f, q) in zip(rows, query.items(), strict=True)])
+        sums = np.bincount(slots, weights=weights, minlength=len(self._texts))
         sims = sums / qnorm
         lowered = normalise(text)
         stem_list = [stem(w) for w in words(text)]
@@ -460,6 +466,29 @@ class IntentIndex:
         if TO_LANGUAGE in query:
             sims[self._keeps_language] *= OTHER_LANGUAGE_PENALTY
         return sims, touched
+
+    def _bm25(self, feature: str) -> tuple[np.ndarray, np.ndarray, float]:
+        """The slots that have ``feature``, its BM25 weight in each times the feature's
+        own weight, and that weight. Kept once worked out: common features (a trigram
+        in thousands of texts) are most of a request's postings, and weighting them was
+        most of a lexical decision's time in a 10,000-capability index. At most
+        ``BM25_CACHE`` postings are kept, the first asked for: the features most requests
+        share are among them, and a rare feature has few postings to work out."""
+        found = self._bm25_cache.get(feature)
+        if found is None:
+            weight = self._weight(feature)
+            slots = self._postings[feature][0]
+            found = (slots, self._bm25_of(feature) * weight, weight)
+            if self._bm25_cached + len(slots) <= BM25_CACHE:
+                self._bm25_cache[feature] = found
+                self._bm25_cached += len(slots)
+        return found
+
+    def _bm25_of(self, feature: str) -> np.ndarray:
+        """Per slot that has ``feature``: saturating term frequency, shorter documents
+        favoured (BM25)."""
+        slots, tf = self._postings[feature]
+        return tf * (BM25_K1 + 1) / (tf + self._norms[slots])
 
     def _best(self, candidates: np.ndarray, sims: np.ndarray) -> np.ndarray:
         """The ``MAX_CANDIDATES`` best; ties at the cut go to the smaller capability ids,
@@ -503,10 +532,15 @@ class IntentIndex:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
         stripped = heard(without_addresses(text)).strip()
         if self._embedder is None:
-            lexical = self.lexical(stripped, allowed)
-            matched = [Score(self._texts[i].capability_id, round(LEXICAL_WEIGHT * v, 6), 0.0, v)
-                       for i, v in lexical.items()]
             boosted = self._learned_lexical(stripped, learned)
+            # Below the threshold a match goes (``_finish``) unless a learned phrase lifts
+            # it: dropped here, it costs no Score and no visibility check.
+            floor = self.threshold if not boosted else -np.inf
+            matched = []
+            for i, v in self.lexical(stripped, allowed).items():
+                score = round(LEXICAL_WEIGHT * v, 6)
+                if score >= floor:
+                    matched.append(Score(self._texts[i].capability_id, score, 0.0, v))
             matched = [m for m in _with_learned(matched, boosted, self._by_id)
                        if self._seen(m.capability_id, allowed)]
             return self._finish(stripped, matched, [], allowed, home)
