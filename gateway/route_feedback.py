@@ -8,7 +8,7 @@ Two sources, one event (``registry.learning`` stores and learns from them):
   (``GET /v1/route?intent=``) or of an intent call that failed (``no_capability`` or
   an agent error), with what the router chose; an explicit capability call by the same
   key that succeeds within ``window_s`` (60 s) reports that intent → capability, unless
-  it is what the router chose. The memory is per process, bounded (``max_keys``, least
+  it is what the router chose, or an intent call of that key succeeded in between. The memory is per process, bounded (``max_keys``, least
   recently used first out) and used once: a second explicit call teaches nothing more.
 
 Events go to a bounded queue shipped like usage events (``gateway.usage``): never a
@@ -147,6 +147,11 @@ class FeedbackRecorder:
         if route.intent:
             if outcome in FAILED_INTENT_OUTCOMES:
                 self.tried(key, route.intent, routed_to)
+            elif outcome == Outcome.SUCCESS:
+                # The caller moved on: a later explicit call answers this intent, not
+                # one it gave up on (a break test: a 300, two intent calls answered,
+                # then a refund call taught "write up minutes" to the refund agent).
+                self._tried.pop(key.pk, None)
         elif route.capability and route.agent is None and outcome == Outcome.SUCCESS:
             # A chat call naming an agent (``model``) chose an agent, not a capability.
             self.chose(key, route.capability, request_id)

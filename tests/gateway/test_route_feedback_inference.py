@@ -109,6 +109,20 @@ def test_a_failed_explicit_call_keeps_the_intent_for_the_next(world):
     assert [e["capability"] for e in events] == ["echo.all"]
 
 
+def test_an_intent_call_answered_in_between_ends_the_remembered_intent(world):
+    """Break test (helper-36): a 300, then intent calls that were answered, then an
+    explicit call of another capability taught the first intent to that capability."""
+    async def steps(gw, clock):
+        failed = await gw.post("/v1/invoke", {"intent": UNKNOWN, "input": {}})
+        answered = await gw.post("/v1/invoke", {"intent": "echo all", "input": {"text": "x"}})
+        return failed, answered, await explicit(gw, "strict.echo")
+
+    (failed, answered, call), events = scenario(world, steps)
+    assert failed.json()["error"]["code"] == "no_capability"
+    assert answered.status_code == call.status_code == 200, answered.text
+    assert events == []
+
+
 # ---- the recorder on its own ------------------------------------------------------------
 
 
