@@ -8,8 +8,9 @@ Two sources, one event (``registry.learning`` stores and learns from them):
   (``GET /v1/route?intent=``) or of an intent call that failed (``no_capability`` or
   an agent error), with what the router chose; an explicit capability call by the same
   key that succeeds within ``window_s`` (60 s) reports that intent → capability, unless
-  it is what the router chose, or an intent call of that key succeeded in between. The memory is per process, bounded (``max_keys``, least
-  recently used first out) and used once: a second explicit call teaches nothing more.
+  it is what the router chose, or an intent call of that key succeeded in between. The
+  memory is per process, bounded (``max_keys``, least recently used first out) and used
+  once: a second explicit call teaches nothing more.
 
 Events go to a bounded queue shipped like usage events (``gateway.usage``): never a
 database write and never a wait on the call's path.

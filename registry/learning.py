@@ -32,7 +32,6 @@ import datetime as dt
 import hashlib
 import logging
 import math
-import unicodedata
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
@@ -49,6 +48,7 @@ from reach_core.queues import Drainable, drain_into
 from registry import routes
 from registry.choices import FeedbackSource
 from registry.models import LearnedPhrase, RouteFeedback
+from routing.text import phrase_of
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,6 @@ CLAIM_IDLE_MS = 60_000
 _SOURCES = frozenset(FeedbackSource.values)
 _LOG_SAMPLE = 5
 # Trimmed from a phrase's ends: "translate this!" and "translate this" are one phrase.
-_TRIM = " \t.,;:!?…。，；：！？、\"'“”‘’()（）"
 
 
 # Upper case as the key is a constant; a function so it follows the (test) prefix setting.
@@ -76,10 +75,9 @@ def STREAM() -> str:
 
 
 def phrase_normalise(text: str) -> str:
-    """An intent as a learned phrase: NFKC, case-folded, runs of white space as one
-    space, punctuation trimmed from the ends. Empty when nothing is left."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    return " ".join(folded.split()).strip(_TRIM)[:MAX_INTENT_CHARS]
+    """An intent as a learned phrase (``routing.text.phrase_of``, which the matcher
+    compares requests in too), at most ``MAX_INTENT_CHARS``. Empty when nothing is left."""
+    return phrase_of(text)[:MAX_INTENT_CHARS]
 
 
 def phrase_hash(phrase: str) -> str:

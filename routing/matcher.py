@@ -30,6 +30,7 @@ from routing.text import (
     clauses,
     features,
     normalise,
+    phrase_of,
     stem,
     without_addresses,
     words,
@@ -532,7 +533,7 @@ class IntentIndex:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
         stripped = heard(without_addresses(text)).strip()
         if self._embedder is None:
-            boosted = self._learned_lexical(stripped, learned)
+            boosted = self._learned_lexical(stripped, learned, phrase_of(text))
             # Below the threshold a match goes (``_finish``) unless a learned phrase lifts
             # it: dropped here, it costs no Score and no visibility check.
             floor = self.threshold if not boosted else -np.inf
@@ -552,11 +553,16 @@ class IntentIndex:
         also = np.argpartition(-lexical, LEXICAL_SHORTLIST)[:LEXICAL_SHORTLIST] \
             if slots > LEXICAL_SHORTLIST else None
         first, second = self._units.best_two(query, slots, also)
+        said = phrase_of(text) if learned else ""
         for entry in learned:  # the tenant's own phrases count as the capability's units
             found = self._by_id.get(entry.capability_id, ())
             if found:
-                (vector,) = np.asarray(self._embedder.embed([entry.phrase]), dtype=np.float32)
-                sim = float(vector @ query)
+                if entry.phrase == said:  # the phrase itself, in any case or punctuation
+                    sim = 1.0
+                else:
+                    (vector,) = np.asarray(self._embedder.embed([entry.phrase]),
+                                           dtype=np.float32)
+                    sim = float(vector @ query)
                 for slot in found:
                     if sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
                         second[slot] = max(second[slot], first[slot])
@@ -611,16 +617,19 @@ class IntentIndex:
             matched = own + others
         return matched, sorted(near, key=key)
 
-    def _learned_lexical(self, text: str, learned: Sequence) -> dict[str, float]:
+    def _learned_lexical(self, text: str, learned: Sequence, said: str) -> dict[str, float]:
         """Without an embedder: a learned phrase sharing most of its features with the
-        request lifts its capability to at least the phrase's overlap."""
+        request lifts its capability to at least the phrase's overlap (1 for the phrase
+        itself, ``said`` being the request as a phrase)."""
         if not learned:
             return {}
         mine = set(features(text))
         out: dict[str, float] = {}
         for entry in learned:
             theirs = set(features(entry.phrase))
-            if mine and theirs:
+            if entry.phrase == said:
+                out[entry.capability_id] = 1.0
+            elif mine and theirs:
                 overlap = len(mine & theirs) / len(mine | theirs)
                 if overlap >= LEARNED_LEXICAL_OVERLAP:
                     out[entry.capability_id] = max(out.get(entry.capability_id, 0.0), overlap)

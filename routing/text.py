@@ -61,6 +61,17 @@ def normalise(text: str) -> str:
     return unicodedata.normalize("NFKC", text).lower()
 
 
+_PHRASE_TRIM = " \t.,;:!?…。，；：！？、\"'“”‘’()（）"
+
+
+def phrase_of(text: str) -> str:
+    """``text`` as a learned phrase is kept (``registry.learning``) and a request is
+    compared with one: NFKC, case-folded, runs of white space as one space, punctuation
+    trimmed from the ends. Empty when nothing is left."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(folded.split()).strip(_PHRASE_TRIM)
+
+
 _LANGUAGES = (
     r"english|chinese|mandarin|cantonese|japanese|korean|french|german|spanish|russian|"
     r"italian|portuguese|arabic|thai|vietnamese"

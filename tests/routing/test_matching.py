@@ -243,6 +243,22 @@ def test_a_learned_phrase_steers_only_the_match_it_is_given_to(encoder, embedded
     assert before.best is None or before.best.learned == 0
 
 
+@pytest.mark.parametrize("embedded", [True, False])
+def test_a_learned_phrase_is_matched_in_any_case_and_end_punctuation(encoder, embedded):
+    """Break test (helper-36): a phrase learned from "give me the gist of this memo" did
+    not take "GIVE ME THE GIST OF THIS MEMO" or "...memo!", though phrases are stored
+    case-folded with their end punctuation trimmed."""
+    catalogue = [CapabilityText("doc.summarize", "Summaries", "Summarises long documents."),
+                 CapabilityText("note.file", "Notes", "Files a note under a project.")]
+    index = IntentIndex(catalogue, embedder=encoder if embedded else None)
+    learned = [Learned("note.file", "give me the gist of this memo")]
+    for text in ("GIVE ME THE GIST OF THIS MEMO", "give me the gist of this memo!",
+                 "  Give me the gist of this memo?! ", "ｇｉｖｅ me the gist of this memo"):
+        match = index.match(text, learned=learned)
+        assert match.best is not None and match.best.capability_id == "note.file", text
+        assert match.best.learned > 0, text
+
+
 # ---- the router and the index holder ----------------------------------------------------
 
 
