@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote
 
 import orjson
 
-from gateway.http_io import dumps_reply, parse_json
+from gateway.http_io import dumps_reply, parse_json, query_params
 from gateway.pipeline import AsyncRequest, Call, Request, Result, route_message, suggested
 from reach_core.errors import ReachError
 from reach_core.numbers import rounded
@@ -286,8 +286,7 @@ def dry_run(decide, request: Request, *, internal: bool) -> dict:
     ``decide(table, route, pick=False)`` is the pipeline's (an intent's matching is
     charged to its tenant's CPU share)."""
     table = request.table
-    query = {k: v[-1] for k, v in
-             parse_qs(request.scope.get("query_string", b"").decode("latin-1")).items()}
+    query = query_params(request.scope)
     route = route_request(request.key.tenant_pk, query,
                           namespace=request.header(b"x-reach-namespace"), internal=internal)
     decision = decide(table, route, pick=False)

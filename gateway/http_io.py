@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 from collections import Counter
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -39,6 +40,25 @@ def header(scope, name: bytes) -> str | None:
         raise ReachError("invalid_input", f"{label} is given more than once: send it once.",
                          details={label: ["repeated"]})
     return value.decode("latin-1") if value is not None else None
+
+
+def query_params(scope) -> dict[str, str]:
+    """The query string's parameters, each given once, in UTF-8; else a 400, as a
+    repeated header is (a break test: ``?intent=x&intent=y`` was taken silently, and
+    bytes that are not UTF-8 were matched as replacement characters)."""
+    out: dict[str, str] = {}
+    try:
+        pairs = parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True,
+                          errors="strict")
+    except UnicodeDecodeError:
+        raise ReachError("invalid_input", "The query string must be UTF-8 "
+                         "(percent-encoded).") from None
+    for name, value in pairs:
+        if name in out:
+            raise ReachError("invalid_input", f"{name[:40]!r} is given more than once in "
+                             "the query: give it once.", details={name[:100]: ["repeated"]})
+        out[name] = value
+    return out
 
 
 # Set in a request's scope when its caller disconnected while sending the body, or

@@ -23,9 +23,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qs
 
-from gateway.http_io import parse_json
+from gateway.http_io import parse_json, query_params
 from gateway.usage import UsageQueue
 from reach_core.errors import ReachError
 from reach_core.kinds import FeedbackSource, Outcome
@@ -138,7 +137,7 @@ class FeedbackRecorder:
         """A dry run the router answered (``explained``: its body or its error's ``route``)."""
         if explained is None:
             return  # refused before routing (a bad query): nothing was tried
-        intent = parse_qs(query_string.decode("latin-1")).get("intent", [None])[-1]
+        intent = query_params({"query_string": query_string}).get("intent")
         self.tried(key, intent, explained.get("capability"))
 
     def after_call(self, key: ApiKeyEntry, route: RouteRequest, outcome: str,

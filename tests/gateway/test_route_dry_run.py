@@ -97,6 +97,22 @@ def test_structured_errors(gateway, params, status, code):
     assert isinstance(error["retryable"], bool)
 
 
+@pytest.mark.parametrize(("query", "says"), [
+    ("intent=%ED%A0%80abc", "UTF-8"),  # an encoded lone surrogate
+    ("intent=%FF%FEtranslate", "UTF-8"),
+    ("intent=translate%20this&intent=summarize%20that", "more than once"),
+    ("capability=translate.text&capability=ocr.image", "more than once"),
+])
+def test_a_query_not_in_utf_8_or_with_a_repeated_parameter_is_refused(gateway, query, says):
+    """Break test (helper-36): these were matched (as replacement characters, or the last
+    of the two) where the X-Reach-Intent header answers 400."""
+    client, _ = gateway
+    response = client.get(f"/v1/route?{query}")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input" and says in error["message"]
+
+
 def test_the_no_healthy_instance_error_says_why(gateway):
     client, _ = gateway
     body = client.get("/v1/route", params={"capability": "ocr.image"}).json()
