@@ -414,14 +414,21 @@ class Pipeline:
                              details=suggested(decision, table, call.route))
         if decision.needs_confirmation and call.on_ambiguity == "ask" and not exclude:
             candidates = [{"capability": s.capability_id, "score": s.score}
-                          for s in decision.matches[:3]
+                          for s in decision.choices
                           if capability_visible(table, call.route.tenant_pk, s.capability_id)]
             if len(candidates) > 1:
+                details = {"candidates": candidates, "confidence": decision.confidence,
+                           "margin": decision.choices_margin}
+                what = "The request"
+                if decision.plan:
+                    # Its first step is what a call runs (a break test: a plan whose
+                    # first step nearly tied was run with "ask").
+                    what = "The request's first step"
+                    details |= {"plan": list(decision.plan),
+                                "confidence": decision.step_confidence[0]}
                 raise ReachError(
-                    "needs_confirmation", "The request matches several capabilities nearly "
-                    "equally: repeat it with the chosen 'capability'.",
-                    details={"candidates": candidates, "confidence": decision.confidence,
-                             "margin": decision.margin})
+                    "needs_confirmation", f"{what} matches several capabilities nearly "
+                    "equally: repeat it with the chosen 'capability'.", details=details)
         candidate = decision.chosen
         ctx.candidate = candidate
         ctx.plan = decision.plan

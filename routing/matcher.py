@@ -178,8 +178,11 @@ class Match:
     # over the runner-up (its whole score when alone).
     confidence: float = 0.0
     margin: float = 0.0
-    # Per step of a plan, its confidence.
+    # Per step of a plan, its confidence; and the first step's matches (its pick first)
+    # with that pick's lead: the step a call runs, so the one a caller may confirm.
     step_confidence: tuple[float, ...] = ()
+    first_step: tuple[Score, ...] = ()
+    first_margin: float = 0.0
 
     @property
     def best(self) -> Score | None:
@@ -187,9 +190,16 @@ class Match:
 
     @property
     def ambiguous(self) -> bool:
-        """Two capabilities both match and nearly tie: ask rather than guess."""
-        return len(self.ranked) > 1 and not self.plan and \
-            self.margin < AMBIGUITY_MARGIN and self.ranked[0].exact == 0.0
+        """Two capabilities both match and nearly tie (for a plan: in its first step,
+        the one a call runs): ask rather than guess."""
+        ranked, margin = (self.first_step, self.first_margin) if self.plan else \
+            (self.ranked, self.margin)
+        return len(ranked) > 1 and margin < AMBIGUITY_MARGIN and ranked[0].exact == 0.0
+
+    @property
+    def choices(self) -> tuple[Score, ...]:
+        """What a confirmation chooses among: the matches of the step a call runs."""
+        return self.first_step if self.plan else self.ranked
 
 
 class IntentIndex:
@@ -648,6 +658,8 @@ class IntentIndex:
         per_clause = [self.scores(p, learned, allowed, home) for p in parts]
         plan: list[str] = []
         sureness: list[float] = []
+        first_step: tuple[Score, ...] = ()
+        first_margin = 0.0
         for ranked in per_clause:
             step = ranked[0] if ranked else None
             if step is not None and step.capability_id in plan:
@@ -656,9 +668,12 @@ class IntentIndex:
                 step = next((s for s in ranked[1:3] if s.capability_id not in plan
                              and s.score >= REPEAT_SHARE * ranked[0].score), None)
             if step is not None:
+                ordered = (step, *[r for r in ranked if r is not step])
+                sure = self._sureness(ordered)
+                if not plan:
+                    first_step, first_margin = ordered, sure["margin"]
                 plan.append(step.capability_id)
-                sureness.append(self._sureness([step, *[r for r in ranked if r is not step]]
-                                                )["confidence"])
+                sureness.append(sure["confidence"])
         if len(plan) < 2:
             return single
         # The whole request's best match, when it matches every part reasonably well
@@ -677,7 +692,8 @@ class IntentIndex:
             for r in per_clause if r
         ):
             return replace(single, covered=True)
-        return replace(single, plan=tuple(plan), step_confidence=tuple(sureness))
+        return replace(single, plan=tuple(plan), step_confidence=tuple(sureness),
+                       first_step=first_step, first_margin=first_margin)
 
     def _sureness(self, ranked: Sequence[Score]) -> dict:
         if not ranked:

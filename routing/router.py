@@ -125,6 +125,10 @@ class Decision:
     needs_confirmation: bool = False
     suggestions: tuple[Score, ...] = ()
     step_confidence: tuple[float, ...] = ()
+    # What a confirmation chooses among (the matches of the step a call runs: a plan's
+    # first), and the lead of the best of them.
+    choices: tuple[Score, ...] = ()
+    choices_margin: float | None = None
     # How many other instances could serve the chosen capability now: whether a call
     # that fails on ``chosen`` has somewhere else to be retried.
     others: int = 0
@@ -587,7 +591,8 @@ class Router:
                                    learned=table.learned_by_tenant.get(request.tenant_pk, ()),
                                    allowed=allowed, home=home)
         sure = {"confidence": match.confidence, "margin": match.margin,
-                "needs_confirmation": match.ambiguous}
+                "needs_confirmation": match.ambiguous, "choices": match.choices[:3],
+                "choices_margin": match.first_margin if match.plan else match.margin}
         if not match.ranked:
             return Decision(capability=None, chosen=None, error="no_capability",
                             suggestions=match.suggestions, **sure)

@@ -196,3 +196,26 @@ def test_an_intent_of_several_steps_runs_the_first_and_says_the_plan(gateway):
     assert calls(agent) == 1  # the first step only
     single = client.post("/v1/invoke", json={"capability": "weather.forecast", "input": {}})
     assert "plan" not in single.json()
+
+
+def test_a_plan_whose_first_step_nearly_ties_is_confirmed_with_ask(gateway):
+    """Break test (helper-36): the first step of a plan (the one a call runs) nearly tied,
+    and "ask" ran it anyway: confirmation looked at the whole request only."""
+    client, agent = gateway
+    intent = "把这份合同翻译成英文，然后做一个PPT演示文稿"
+    dry = client.get("/v1/route", params={"intent": intent}).json()
+    assert dry["plan"][1:] == ["slides.generate"], dry
+    assert dry["plan"][0] in ("translate.formal", "translate.casual")
+    assert dry["needs_confirmation"] is True and dry["step_confidence"][0] <= 0.75
+    asked = client.post("/v1/invoke", json={"intent": intent, "on_ambiguity": "ask",
+                                            "input": {"text": "合同"}})
+    assert asked.status_code == 300, asked.text
+    error = asked.json()["error"]
+    assert "first step" in error["message"]
+    assert {c["capability"] for c in error["details"]["candidates"]} == {
+        "translate.formal", "translate.casual"}
+    assert error["details"]["plan"] == dry["plan"] and error["details"]["margin"] < 0.03
+    assert calls(agent) == 0
+    guessed = client.post("/v1/invoke", json={"intent": intent, "input": {"text": "合同"}})
+    assert guessed.status_code == 200 and guessed.json()["plan"] == dry["plan"]
+    assert calls(agent) == 1
