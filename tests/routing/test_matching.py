@@ -262,6 +262,41 @@ def test_a_learned_phrase_is_matched_in_any_case_and_end_punctuation(encoder, em
 # ---- the router and the index holder ----------------------------------------------------
 
 
+@pytest.mark.parametrize("embedded", [True, False])
+def test_another_tenants_private_texts_never_move_a_decision(encoder, embedded):
+    """Break test (helper-36): tenant 2 registered private capabilities repeating
+    "翻译 日文 translation"; tenant 1's translation request went from a match to a 404,
+    and other decisions changed confidence: the words' rarity was counted over every
+    tenant's texts. Now over the texts the caller may see."""
+    mine = [
+        agent("translator", "lang.translate", cap={
+            "display_name": "翻译", "description": "把文档或段落翻译成其他语言，支持日文、英文。"}),
+        agent("minutes", "meeting.minutes", cap={
+            "display_name": "Meeting minutes",
+            "description": "Turns a meeting recording into minutes with owners."}),
+        agent("mailer", "email.draft", cap={
+            "display_name": "Email drafts", "description": "Drafts a polite business email."}),
+    ]
+    stuffed = [agent(f"stuff{i}", f"stuff.{i}", owner=2, cap={
+        "display_name": "Translate translation 翻译",
+        "description": "翻译 日文 翻译 translation polite reply email invitation decline "
+                       "日文 意思"}) for i in range(15)]
+    intents = ("这段日文是什么意思，帮我翻译一下", "write a polite reply declining the invitation",
+               "turn the recording into minutes", "translate this paragraph into Japanese")
+
+    def decisions(*agents):
+        holder = IntentIndexHolder(embedder=encoder if embedded else None)
+        routes = table(*agents)
+        holder.update(routes)
+        router = Router(index=holder)
+        return [router.route(routes, RouteRequest(tenant_pk=1, intent=text),
+                             pick=False).explain() for text in intents]
+
+    before = decisions(*mine)
+    assert before[0]["capability"] == "lang.translate", before[0]
+    assert decisions(*mine, *stuffed) == before
+
+
 def test_the_router_routes_an_intent_and_reports_a_plan(encoder):
     summarizer = agent("summarizer", "summarize.text",
                        cap={"display_name": "Summaries", "keywords": ("summarize", "总结"),
