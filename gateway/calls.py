@@ -58,6 +58,8 @@ class CallContext:
     # An intent that asked for several steps: their capabilities, in order (the call
     # runs the first; the caller runs the rest).
     plan: tuple[str, ...] = ()
+    # An intent decision's confidence and margin (and each plan step's confidence).
+    sureness: dict | None = None
     admission: Any = None  # the governor's, for the candidate being tried
     # The agent's reported usage (input, output tokens) once it answered; None before.
     reported: tuple[int, int] | None = None

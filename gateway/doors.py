@@ -129,7 +129,9 @@ def agent_response(result: Result) -> dict:
         "timings": {"route_ms": rounded(result.route_ms, 3),
                     "upstream_ms": rounded(total_ms - result.route_ms, 3),
                     "total_ms": rounded(total_ms, 3)},
-        # An intent of several steps: this call ran the first; the caller runs the rest.
+        # An intent: how sure its routing was (as a dry run says). Of several steps: this
+        # call ran the first; the caller runs the rest.
+        **(ctx.sureness or {}),
         **plan,
     }
 

@@ -77,6 +77,13 @@ SCHEMAS: dict[str, dict] = {
             "timings": {"type": "object", "properties": {
                 "route_ms": {"type": "number"}, "upstream_ms": {"type": "number"},
                 "total_ms": {"type": "number"}}},
+            "confidence": {"type": "number", "description": "An intent: the chance its "
+                           "routing is right (as a dry run states it)."},
+            "margin": {"type": "number", "description": "An intent: the best match's "
+                       "lead over the runner-up."},
+            "step_confidence": {"type": "array", "items": {"type": "number"},
+                                "description": "An intent of several steps: each step's "
+                                               "confidence."},
             "plan": {"type": "array", "items": _TEXT,
                      "description": "An intent of several steps: their capabilities in "
                                     "order; this call ran the first."},

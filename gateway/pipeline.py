@@ -432,6 +432,10 @@ class Pipeline:
         candidate = decision.chosen
         ctx.candidate = candidate
         ctx.plan = decision.plan
+        if decision.confidence is not None:
+            ctx.sureness = {"confidence": decision.confidence, "margin": decision.margin}
+            if decision.plan:
+                ctx.sureness["step_confidence"] = list(decision.step_confidence)
         if not exclude:
             ctx.retry_elsewhere = decision.others > 0
         if ctx.routed is None:

@@ -193,9 +193,12 @@ def test_an_intent_of_several_steps_runs_the_first_and_says_the_plan(gateway):
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["plan"] == dry["plan"] and body["capability"] == "weather.forecast"
+    # How sure the routing was, as the dry run says (helper-36: the reply did not say).
+    assert (body["confidence"], body["margin"], body["step_confidence"]) == (
+        dry["confidence"], dry["margin"], dry["step_confidence"])
     assert calls(agent) == 1  # the first step only
     single = client.post("/v1/invoke", json={"capability": "weather.forecast", "input": {}})
-    assert "plan" not in single.json()
+    assert not {"plan", "confidence", "margin"} & single.json().keys()
 
 
 def test_a_plan_whose_first_step_nearly_ties_is_confirmed_with_ask(gateway):
