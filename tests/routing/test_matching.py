@@ -259,6 +259,31 @@ def test_a_learned_phrase_is_matched_in_any_case_and_end_punctuation(encoder, em
         assert match.best.learned > 0, text
 
 
+def test_a_long_intent_is_embedded_in_its_first_300_characters_only(encoder):
+    """Break test (helper-36): a unique 2,000-byte intent held the event loop, and
+    another tenant's calls, for 220-294 ms, most of it the sentence encoder's. What it
+    reads is bounded; every word is still matched."""
+    class Recording:
+        dimensions = encoder.dimensions
+
+        def __init__(self):
+            self.longest = 0
+
+        def embed(self, texts):
+            self.longest = max([self.longest, *map(len, texts)])
+            return encoder.embed(texts)
+
+    catalogue = [CapabilityText("lang.translate", "翻译", "把文档翻译成其他语言。"),
+                 CapabilityText("order.refund", "Refunds", "Refunds an order.")]
+    recording = Recording()
+    index = IntentIndex(catalogue, embedder=recording)
+    recording.longest = 0
+    text = "请帮我处理一下，" * 120 + "把这份合同翻译成英文"
+    match = index.match(text)
+    assert len(text) > 900 and recording.longest <= 300
+    assert match.best is not None and match.best.capability_id == "lang.translate"
+
+
 # ---- the router and the index holder ----------------------------------------------------
 
 
