@@ -67,8 +67,11 @@ _PHRASE_TRIM = " \t.,;:!?…。，；：！？、\"'“”‘’()（）"
 def phrase_of(text: str) -> str:
     """``text`` as a learned phrase is kept (``registry.learning``) and a request is
     compared with one: NFKC, case-folded, runs of white space as one space, punctuation
-    trimmed from the ends. Empty when nothing is left."""
+    trimmed from the ends, and no format characters (a break test's "\u202egist of memo"
+    was shown reversed in the admin). Empty when nothing is left."""
     folded = unicodedata.normalize("NFKC", text).casefold()
+    if not folded.isascii():
+        folded = "".join(c for c in folded if unicodedata.category(c) != "Cf")
     return " ".join(folded.split()).strip(_PHRASE_TRIM)
 
 

@@ -71,6 +71,8 @@ def test_phrases_are_normalised():
     assert phrase_normalise("把这段话翻译成法语。") == "把这段话翻译成法语"
     assert phrase_normalise("ＦＵＬＬ　width?") == "full width"
     assert phrase_normalise(" ?! ") == ""
+    # Format characters go: a right-to-left override showed the phrase reversed.
+    assert phrase_normalise("\u202egist of\u200b memo\u2066") == "gist of memo"
 
 
 @pytest.mark.django_db
