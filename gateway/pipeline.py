@@ -418,14 +418,13 @@ class Pipeline:
                           if capability_visible(table, call.route.tenant_pk, s.capability_id)]
             if len(candidates) > 1:
                 details = {"candidates": candidates, "confidence": decision.confidence,
-                           "margin": decision.choices_margin}
+                           "margin": decision.margin}
                 what = "The request"
                 if decision.plan:
                     # Its first step is what a call runs (a break test: a plan whose
                     # first step nearly tied was run with "ask").
                     what = "The request's first step"
-                    details |= {"plan": list(decision.plan),
-                                "confidence": decision.step_confidence[0]}
+                    details["plan"] = list(decision.plan)
                 raise ReachError(
                     "needs_confirmation", f"{what} matches several capabilities nearly "
                     "equally: repeat it with the chosen 'capability'.", details=details)

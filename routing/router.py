@@ -126,9 +126,8 @@ class Decision:
     suggestions: tuple[Score, ...] = ()
     step_confidence: tuple[float, ...] = ()
     # What a confirmation chooses among (the matches of the step a call runs: a plan's
-    # first), and the lead of the best of them.
+    # first, whose confidence and margin a plan's are).
     choices: tuple[Score, ...] = ()
-    choices_margin: float | None = None
     # How many other instances could serve the chosen capability now: whether a call
     # that fails on ``chosen`` has somewhere else to be retried.
     others: int = 0
@@ -590,9 +589,11 @@ class Router:
         match: Match = index.match(request.intent or "",
                                    learned=table.learned_by_tenant.get(request.tenant_pk, ()),
                                    allowed=allowed, home=home)
-        sure = {"confidence": match.confidence, "margin": match.margin,
-                "needs_confirmation": match.ambiguous, "choices": match.choices[:3],
-                "choices_margin": match.first_margin if match.plan else match.margin}
+        # A plan is as sure as the step a call runs, its first (a re-test read a plan's
+        # whole-request margin of 0.012 beside needs_confirmation false).
+        sure = {"confidence": match.step_confidence[0] if match.plan else match.confidence,
+                "margin": match.first_margin if match.plan else match.margin,
+                "needs_confirmation": match.ambiguous, "choices": match.choices[:3]}
         if not match.ranked:
             return Decision(capability=None, chosen=None, error="no_capability",
                             suggestions=match.suggestions, **sure)
