@@ -319,7 +319,26 @@ def test_another_tenants_private_texts_never_move_a_decision(encoder, embedded):
 
     before = decisions(*mine)
     assert before[0]["capability"] == "lang.translate", before[0]
-    assert decisions(*mine, *stuffed) == before
+    after = decisions(*mine, *stuffed)
+    if embedded:  # a larger matrix product may round the same rows' similarities in the
+        _same_but_for_last_bits(after, before)  # last bits (CI saw it)
+    else:
+        assert after == before
+
+
+def _same_but_for_last_bits(got, want, where="") -> None:
+    if isinstance(want, float) and isinstance(got, float):
+        assert abs(got - want) <= 1e-4, (where, got, want)
+    elif isinstance(want, dict) and isinstance(got, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            _same_but_for_last_bits(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list | tuple) and isinstance(got, list | tuple):
+        assert len(got) == len(want), (where, got, want)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _same_but_for_last_bits(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, (where, got, want)
 
 
 def test_the_router_routes_an_intent_and_reports_a_plan(encoder):
