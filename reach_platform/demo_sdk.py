@@ -157,11 +157,15 @@ class DemoFleet:
     """The SDK demo agents and the sidecar, started once the platform answers."""
 
     def __init__(self, base_url: str, key: str, translator, *,
-                 announce=lambda line: None) -> None:
+                 announce=lambda line: None, intents_current=lambda: True) -> None:
         self._base = base_url.rstrip("/")
         self._key = key
         self._translator = translator  # the legacy service (demo_agents.DemoAgent)
         self._announce = announce
+        # Whether this process's intent index has caught up with its route table: the
+        # README's intent example works from then on (not asked by a dry run, which
+        # would make the demo key's next explicit call teach the router a phrase).
+        self._intents_current = intents_current
         self.running: list = []
         self.sidecar: Sidecar | None = None
         self._thread = threading.Thread(target=self._start, name="demo-fleet", daemon=True)
@@ -195,22 +199,25 @@ class DemoFleet:
             self.ready.set()
 
     def _wait_routable(self) -> None:
-        """Announce the demo once the gateway routes to every demo capability: the
-        README's examples may be run from that line on."""
+        """Announce the demo once the gateway routes to every demo capability, by id and
+        by intent: the README's examples may be run from that line on."""
         pending = set(DEMO_CAPABILITIES)
         deadline = time.monotonic() + 60
         with httpx.Client(base_url=self._base, timeout=2,
                           headers={"Authorization": f"Bearer {self._key}"}) as http:
-            while pending and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
                 for capability in sorted(pending):
                     with contextlib.suppress(httpx.HTTPError):
                         if http.get("/v1/route", params={"capability": capability}
                                     ).status_code == 200:
                             pending.discard(capability)
-                if pending:
-                    time.sleep(0.2)
+                if not pending and self._intents_current():
+                    break
+                time.sleep(0.2)
         if pending:
             self._announce(f"demo NOT ready: no route yet to {', '.join(sorted(pending))}")
+        elif not self._intents_current():
+            self._announce("demo NOT ready: the intent index has not caught up")
         else:
             self._announce(f"demo ready: {len(DEMO_CAPABILITIES)} demo capabilities "
                            "reachable through the gateway")

@@ -542,6 +542,12 @@ class Router:
         self._live_rows: dict[int, tuple[_Row, object, _Row]] = {}
         self._lock = threading.Lock()
 
+    def intents_current(self) -> bool:
+        """Whether the intent index covers the latest route table: a newly registered
+        agent's capabilities are found by intent from then on (by id at once)."""
+        current = getattr(self._index, "current", None)
+        return current is None or current()
+
     def set_open_breakers(self, open_breakers: Callable[[], Iterable[int]]) -> None:
         self._open_breakers = open_breakers
 
@@ -1005,3 +1011,9 @@ class IntentIndexHolder:
 
     def __call__(self) -> IntentIndex | None:
         return self.index
+
+    def current(self) -> bool:
+        """The index is built from the latest table this holder was given."""
+        with self._lock:
+            latest = self._latest
+        return self.index is not None and (latest is None or self._table is latest)

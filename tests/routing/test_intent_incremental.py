@@ -299,3 +299,49 @@ def test_a_large_first_index_is_built_off_the_start_and_intent_calls_wait_for_it
     release.set()
     wait_for(lambda: holder.index is not None, message="the first index")
     assert router.route(big, by_intent).capability == "translate.text"
+
+
+def test_the_router_says_when_its_intent_index_lags_the_route_table():
+    """A newly registered agent is found by id at once and by intent once the index has
+    caught up: ``intents_current`` tells which (the demo announces itself on it)."""
+    import threading
+
+    from routing.router import Router, RouteRequest
+    from tests.routing.tables import agent as fleet_agent
+    from tests.routing.tables import table as fleet_table
+    from tests.support.waiting import wait_for
+
+    first = fleet_table(fleet_agent("a", "translate.text",
+                                    cap={"description": "translate text between languages"}))
+    listeners = []
+
+    class Subscriber:
+        table = first
+
+        def on_change(self, listener):
+            listeners.append(listener)
+
+    holder = IntentIndexHolder()
+    holder.follow(Subscriber())  # small: built at once
+    router = Router(index=holder)
+    assert router.intents_current()
+    release = threading.Event()
+    update = holder.update
+
+    def held_update(table, changed=None):
+        release.wait(10)
+        update(table, changed)
+
+    holder.update = held_update
+    second = fleet_table(
+        fleet_agent("a", "translate.text", cap={"description": "translate text between languages"}),
+        fleet_agent("b", "summarize.text", cap={"description": "summarize long documents"}))
+    (listener,) = listeners
+    listener(second)
+    assert not router.intents_current()
+    wish = RouteRequest(tenant_pk=1, intent="summarize this long document")
+    assert router.route(second, wish).capability != "summarize.text"
+    release.set()
+    wait_for(router.intents_current, message="the index to catch up")
+    assert router.route(second, wish).capability == "summarize.text"
+    assert Router().intents_current()  # no intent index: nothing to wait for

@@ -74,7 +74,8 @@ class Command(BaseCommand):
             demo_tool_register(tenant=access.tenant, inventory=inventory)
             instances = demo_agents_register(tenant=access.tenant, agents=chat)
             jobs["demo.heartbeat"] = (10.0, lambda: demo_heartbeat(instances))
-            fleet = DemoFleet(base, access.api_key, legacy, announce=self._announce).start()
+            fleet = DemoFleet(base, access.api_key, legacy, announce=self._announce,
+                              intents_current=_intents_current).start()
             lines += [
                 f"  admin login: {access.admin_username} / {access.admin_password}",
                 f"  API key for tenant '{access.tenant.slug}': {access.api_key}",
@@ -127,3 +128,10 @@ class Command(BaseCommand):
             scheduler.stop()
             if stop_agents is not None:
                 stop_agents()
+
+
+def _intents_current() -> bool:
+    """This process's gateway matches intents against its latest route table."""
+    from reach_platform.asgi import gateway_application
+
+    return gateway_application is None or gateway_application.router.intents_current()
