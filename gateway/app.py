@@ -464,7 +464,7 @@ class GatewayApp:
             raise ReachError("unsupported_media_type",
                              "Send the request body as Content-Type: application/json.")
         raw = await read_body(scope, receive, FEEDBACK_MAX_BODY_BYTES, self.config.body_timeout_s)
-        self.route_feedback.reported(request.table, request.key, raw, request_id)
+        await self.route_feedback.reported(request.table, request.key, raw, request_id)
         await send_json(send, 202, {"accepted": True}, request_id)
         return Outcome.SUCCESS
 

@@ -313,7 +313,8 @@ PATHS: dict[str, dict] = {
             "schema": _ref("RouteFeedback")}}},
         "responses": {"202": {"description": "Recorded; it shapes this tenant's routing."},
                       **_errors(*_AUTH_ERRORS, "invalid_input", "malformed_json",
-                                "payload_too_large", "unsupported_media_type")},
+                                "payload_too_large", "unsupported_media_type",
+                                "rate_limited")},
     }},
 }
 

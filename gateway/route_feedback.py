@@ -13,18 +13,22 @@ Two sources, one event (``registry.learning`` stores and learns from them):
   once: a second explicit call teaches nothing more.
 
 Events go to a bounded queue shipped like usage events (``gateway.usage``): never a
-database write and never a wait on the call's path.
+database write and never a wait on the call's path. Valid reports are limited per key
+and process (``REPORTS_PER_MINUTE``): each is a stored row, and a loop must not fill the
+feedback table (what is learned is bounded anyway: ``registry.learning``).
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.http_io import parse_json, query_params
+from gateway.limits import InProcessLimiter, Limit
 from gateway.usage import UsageQueue
 from reach_core.errors import ReachError
 from reach_core.kinds import FeedbackSource, Outcome
@@ -36,6 +40,10 @@ MAX_INTENT_CHARS = 1000
 MAX_CAPABILITY_CHARS = 128
 MAX_BODY_BYTES = 16_384  # an intent of 1,000 characters, each escaped as \uXXXX, fits
 _FIELDS = ("intent", "capability", "routed_to")
+# A person or a client correcting the router reports a few at a time; a burst of 20 lets
+# a client replay a day's misses in a batch, and 60 a minute is far above correcting.
+REPORTS_PER_MINUTE = 60
+REPORTS_BURST = 20
 # An intent call that ended so was probably routed to the wrong capability, or to none;
 # one answered 300 needs_confirmation is followed by the caller's choice, which teaches.
 FAILED_INTENT_OUTCOMES = frozenset({
@@ -65,17 +73,18 @@ class FeedbackRecorder:
         self._max_keys = max_keys
         # API key pk -> the intent it tried last; oldest first.
         self._tried: collections.OrderedDict[int, _Tried] = collections.OrderedDict()
+        self._reports = InProcessLimiter(clock)
 
     def __len__(self) -> int:
         return len(self._tried)
 
     # ---- explicit ---------------------------------------------------------------------------
 
-    def reported(self, table: RouteTable, key: ApiKeyEntry, raw: bytes,
-                 request_id: str) -> None:
+    async def reported(self, table: RouteTable, key: ApiKeyEntry, raw: bytes,
+                       request_id: str) -> None:
         """A caller's ``POST /v1/route/feedback`` body, validated, as an event. Raises
         ``ReachError`` (``malformed_json``, ``invalid_input`` with every problem in
-        ``details``)."""
+        ``details``; ``rate_limited`` past the key's share of valid reports here)."""
         body = parse_json(raw)
         problems: dict[str, list[str]] = {}
         for name in body:
@@ -103,6 +112,14 @@ class FeedbackRecorder:
             raise ReachError("invalid_input", "; ".join(
                 f"{name}: {' '.join(messages)}" for name, messages in problems.items()),
                 details=problems)
+        verdict = await self._reports.check([Limit(
+            key=f"feedback:{key.pk}", rate_per_s=REPORTS_PER_MINUTE / 60,
+            burst=REPORTS_BURST)])
+        if not verdict.allowed:
+            raise ReachError("rate_limited", f"This key reported route feedback more than "
+                             f"{REPORTS_PER_MINUTE} times a minute; retry after "
+                             f"{verdict.retry_after_s:g} s.",
+                             retry_after=max(1, math.ceil(verdict.retry_after_s)))
         self._emit(key.tenant_pk, intent, capability, routed_to or "",
                    FeedbackSource.EXPLICIT, request_id)
 

@@ -170,3 +170,29 @@ def test_a_chat_call_naming_an_agent_is_not_a_capability_choice():
     recorder.after_call(key(1), RouteRequest(tenant_pk=1, capability="chat.scripted",
                                              agent="scripted-chat"), "success", None, "r")
     assert recorder.queue.drain() == [] and len(recorder) == 1
+
+
+def test_reports_are_limited_per_key_and_refused_ones_do_not_count():
+    """Each report is a stored row: a loop of them is refused past the key's share
+    (60 a minute, bursts of 20), and another key is not held by it."""
+    from reach_core.errors import ReachError
+    from tests.support.inprocess import TENANT_PK
+
+    clock = FakeClock()
+    recorder = FeedbackRecorder(UsageQueue(), clock=clock)
+    table, _ = route_table(scripted_agents("http://127.0.0.1:9/"))
+    body = b'{"intent": "numbers for the board", "capability": "echo.all"}'
+    mine, theirs = key(1, TENANT_PK), key(2, TENANT_PK)
+    for n in range(20):
+        run(recorder.reported(table, mine, body, f"r{n}"))
+        with pytest.raises(ReachError):  # invalid: refused before it counts
+            run(recorder.reported(table, mine, b'{"intent": "x"}', "bad"))
+    with pytest.raises(ReachError) as refused:
+        run(recorder.reported(table, mine, body, "r20"))
+    assert refused.value.code == "rate_limited" and refused.value.retry_after == 1
+    run(recorder.reported(table, theirs, body, "other"))
+    clock.advance(1.0)  # one a second comes back
+    run(recorder.reported(table, mine, body, "r21"))
+    with pytest.raises(ReachError):
+        run(recorder.reported(table, mine, body, "r22"))
+    assert len(recorder.queue.drain()) == 22
