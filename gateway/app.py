@@ -43,6 +43,7 @@ from gateway.http_io import (
     CLIENT_GONE,
     header,
     parse_json,
+    query_params,
     read_body,
     require_json,
     send_bytes,
@@ -520,8 +521,7 @@ class GatewayApp:
 
     async def _tool_list(self, request_id, scope, receive, send) -> str:
         table, who = await self._tool_caller(scope)
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        fmt = query.get("format", [None])[-1]
+        fmt = query_params(scope).get("format")
         if fmt not in (None, "openai"):
             raise ReachError("bad_request", "'format' is 'openai' or absent.")
         await send_json(send, 200, tool_listing(self.tools.permitted(table, who), fmt),
@@ -578,11 +578,10 @@ class GatewayApp:
         require_json(scope, "the JSON-RPC message")
         raw = await read_body(scope, receive, self.config.max_body_bytes,
                               self.config.body_timeout_s)
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        agents = [value.lower() for value in query.get("agents", ["false"])]
-        if len(agents) > 1 or agents[0] not in ("1", "true", "yes", "0", "false", "no"):
-            raise ReachError("bad_request", "'agents' is true or false, once.")
-        with_agents = agents[0] in ("1", "true", "yes")
+        agents = query_params(scope).get("agents", "false").lower()
+        if agents not in ("1", "true", "yes", "0", "false", "no"):
+            raise ReachError("bad_request", "'agents' is true or false.")
+        with_agents = agents in ("1", "true", "yes")
         return await self.mcp.answer(table, who, raw, with_agents=with_agents,
                                      request_id=request_id, scope=scope)
 

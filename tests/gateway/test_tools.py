@@ -260,6 +260,13 @@ def test_the_openai_export_and_who_may_see_a_tool(gateway, inventory):
     for tool in listed:
         assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", tool["function"]["name"])
         Draft202012Validator.check_schema(tool["function"]["parameters"])
+    # The query is read as every door reads it: a repeat or bytes that are not UTF-8
+    # are refused, not settled by the last value.
+    for query in (b"format=openai&format=mcp", b"format=%ff"):
+        refused = httpx.get(f"{gateway.base}/v1/tools?{query.decode()}",
+                            headers={"Authorization": f"Bearer {token}"})
+        assert refused.status_code == 400, (query, refused.text)
+        assert refused.json()["error"]["code"] == "invalid_input"
     function = listed[0]["function"]
     assert listed[0]["type"] == "function"
     assert "Use it when" in function["description"] and "A-100" in function["description"]
@@ -556,6 +563,9 @@ def test_mcp_refuses_a_message_nested_past_the_limit_and_a_reply_it_cannot_write
     answered = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, headers=headers)
     assert answered.status_code == 200, answered.text
     assert answered.json()["error"]["code"] == -32603
+    both = httpx.post(f"{gateway.base}/mcp?agents=true&agents=false", json=call,
+                      headers=headers)
+    assert both.status_code == 400 and both.json()["error"]["code"] == "invalid_input"
 
 
 @pytest.mark.django_db(transaction=True)
