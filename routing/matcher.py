@@ -480,10 +480,8 @@ class IntentIndex:
             weights = np.concatenate([r[1] if q == r[2] else self._bm25_of(f) * q
                                       for r, (f, q) in zip(rows, query.items(), strict=True)])
         else:  # lengths against the visible texts' average: worked out for this request
-            slots, tf = np.concatenate([self._postings[f] for f in query], axis=1)
-            scale = np.repeat(np.fromiter(query.values(), dtype=np.float64, count=len(query)),
-                              [self._postings[f].shape[1] for f in query])
-            weights = tf * (BM25_K1 + 1) / (tf + norms[slots]) * scale
+            slots = np.concatenate([self._postings[f][0] for f in query])
+            weights = np.concatenate([self._bm25_of(f, norms) * q for f, q in query.items()])
         sums = np.bincount(slots, weights=weights, minlength=len(self._texts))
         sims = sums / qnorm
         lowered = normalise(text)
@@ -521,11 +519,11 @@ class IntentIndex:
                 self._bm25_cached += len(slots)
         return found
 
-    def _bm25_of(self, feature: str) -> np.ndarray:
+    def _bm25_of(self, feature: str, norms: np.ndarray | None = None) -> np.ndarray:
         """Per slot that has ``feature``: saturating term frequency, shorter documents
-        favoured (BM25)."""
+        favoured (BM25); ``norms``: the length norms to weigh by (the whole index's)."""
         slots, tf = self._postings[feature]
-        return tf * (BM25_K1 + 1) / (tf + self._norms[slots])
+        return tf * (BM25_K1 + 1) / (tf + (self._norms if norms is None else norms)[slots])
 
     def _best(self, candidates: np.ndarray, sims: np.ndarray) -> np.ndarray:
         """The ``MAX_CANDIDATES`` best; ties at the cut go to the smaller capability ids,
