@@ -5,7 +5,6 @@ audit row without argument values; the OpenAI export; secrets never leak."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -18,6 +17,7 @@ import pytest
 from django.conf import settings
 
 from registry.models import Agent
+from tests.support.loopback import LoopbackService
 from tests.support.waiting import wait_for
 from tools.models import Tool, ToolGrant
 from tools.services import tool_save
@@ -30,44 +30,26 @@ pytestmark = pytest.mark.skipif(
 SECRET = "inventory-secret-" + uuid.uuid4().hex  # the external system's, held by the gateway
 
 
-class Inventory:
+class Inventory(LoopbackService):
     """A stand-in external API: GET /stock/<sku> answers when the gateway's key is sent;
     ``failing`` makes it answer 500."""
 
     def __init__(self) -> None:
         self.seen: list[dict] = []
         self.failing = False
-        outer = self
+        super().__init__(self._answer)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.seen.append({"path": self.path, "headers": {
-                    k.lower(): v for k, v in self.headers.items()}})
-                if outer.failing:
-                    return self._answer(500, {"error": "down"})
-                if self.headers.get("X-Api-Key") != SECRET:
-                    return self._answer(401, {"error": "bad key"})
-                sku = self.path.split("/stock/")[1].split("?")[0]
-                return self._answer(200, {"sku": sku, "in_stock": 7})
-
-            def _answer(self, status, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, request, body: bytes) -> tuple[int, str, bytes]:
+        self.seen.append({"path": request.path, "headers": {
+            k.lower(): v for k, v in request.headers.items()}})
+        if self.failing:
+            status, answer = 500, {"error": "down"}
+        elif request.headers.get("X-Api-Key") != SECRET:
+            status, answer = 401, {"error": "bad key"}
+        else:
+            status, answer = 200, {"sku": request.path.split("/stock/")[1].split("?")[0],
+                                   "in_stock": 7}
+        return status, "application/json", json.dumps(answer).encode()
 
 
 @pytest.fixture
@@ -399,38 +381,20 @@ def test_a_tools_secret_appears_in_no_response_page_log_or_error(
     assert inventory.seen[0]["headers"]["x-api-key"] == SECRET  # it was used, all along
 
 
-class Echoing:
+class Echoing(LoopbackService):
     """A service that echoes what it was asked (path, query, headers) and, for
     ``/big``, answers 300 KiB of JSON."""
 
     def __init__(self) -> None:
         self.hits: list[str] = []
-        outer = self
+        super().__init__(self._answer)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.hits.append(self.path)
-                if self.path.startswith("/big"):
-                    body = json.dumps({"items": ["x" * 100] * 3000}).encode()
-                else:
-                    body = json.dumps({"path": self.path,
-                                       "headers": dict(self.headers)}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, request, body: bytes) -> tuple[int, str, bytes]:
+        self.hits.append(request.path)
+        if request.path.startswith("/big"):
+            return 200, "application/json", json.dumps({"items": ["x" * 100] * 3000}).encode()
+        return 200, "application/json", json.dumps(
+            {"path": request.path, "headers": dict(request.headers)}).encode()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind
 
 from gateway import tracing
 from tests.support.inprocess import in_process, route_table, scripted_agents, with_instances
+from tests.support.loopback import LoopbackService
 from tests.support.servers import free_port
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -104,45 +105,26 @@ def test_an_unknown_exporter_is_refused_by_name():
     assert tracing.configure_from_environment({}) is False
 
 
-class Collector:
-    """An OTLP/HTTP trace receiver on loopback: keeps every export request it is sent."""
+class Collector(LoopbackService):
+    """An OTLP/HTTP trace receiver on loopback: keeps each export it is sent."""
 
     def __init__(self) -> None:
-        import http.server
-        import threading
+        self.requests: list = []
+        super().__init__(self._answer)
 
+    def _answer(self, request, body: bytes) -> tuple[int, str, bytes]:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
         )
 
-        received = self.requests = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                export = ExportTraceServiceRequest()
-                export.ParseFromString(body)
-                received.append((self.path, export))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        export = ExportTraceServiceRequest()
+        export.ParseFromString(body)
+        self.requests.append((request.path, export))
+        return 200, "application/x-protobuf", b""
 
     def spans(self) -> list:
         return [span for _, export in self.requests for resource in export.resource_spans
                 for scope in resource.scope_spans for span in scope.spans]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_gateway_process_exports_its_spans_over_otlp(gateway, tmp_path):

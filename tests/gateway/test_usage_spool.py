@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import http.server
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from gateway.usage_spool import UsageSpool
 from tests.gateway.conftest import another_gateway, gateway_env
 from tests.support.clock import FakeClock
 from tests.support.forwarder import Forwarder
+from tests.support.loopback import LoopbackService
 from tests.support.servers import ROOT, free_port, uvicorn_args, wait_until_serving
 from tests.support.waiting import WaitTimeout, wait_for
 
@@ -144,6 +144,29 @@ def test_a_torn_last_line_is_skipped(tmp_path):
     assert recovered(tmp_path) == ["whole"]
 
 
+@contextlib.contextmanager
+def doomed_gateway(tmp_path, *, redis_url: str | None = None):
+    """A gateway process the test kills with SIGKILL: yields its base URL and the
+    process, serving; reaped however the test ends."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, *uvicorn_args(port)], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=gateway_env(tmp_path, redis_url=redis_url))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_serving(base, process)
+        yield base, process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+
+
 @needs_redis
 def test_calls_answered_before_a_gateway_is_killed_are_metered_by_its_successor(
         gateway, tmp_path):
@@ -153,27 +176,15 @@ def test_calls_answered_before_a_gateway_is_killed_are_metered_by_its_successor(
     run = uuid.uuid4().hex
     wanted = {f"spool-{run}-{i}" for i in range(20)}
     body = {"capability": "echo.all", "input": {}}
-    port = free_port()
-    with Forwarder.for_url(settings.REDIS_URL) as forwarder:
-        doomed = subprocess.Popen(
-            [sys.executable, *uvicorn_args(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=gateway_env(tmp_path, redis_url=forwarder.url(settings.REDIS_URL)))
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_until_serving(base, doomed)
-            with httpx.Client(base_url=base, timeout=30, headers={
-                    "Authorization": f"Bearer {gateway.key}"}) as client, forwarder.outage():
-                for request_id in sorted(wanted):
-                    response = client.post("/v1/invoke", json=body,
-                                           headers={"X-Request-ID": request_id})
-                    assert response.status_code == 200, response.text
-                doomed.send_signal(signal.SIGKILL)
-                doomed.wait(timeout=30)
-        finally:
-            if doomed.poll() is None:
-                doomed.kill()
-            doomed.wait()
+    with Forwarder.for_url(settings.REDIS_URL) as forwarder, doomed_gateway(
+            tmp_path, redis_url=forwarder.url(settings.REDIS_URL)) as (base, doomed), \
+            httpx.Client(base_url=base, timeout=30, headers={
+                "Authorization": f"Bearer {gateway.key}"}) as client, forwarder.outage():
+        for request_id in sorted(wanted):
+            response = client.post("/v1/invoke", json=body,
+                                   headers={"X-Request-ID": request_id})
+            assert response.status_code == 200, response.text
+        kill(doomed)
     with another_gateway(tmp_path, "successor"):  # the same data directory
         assert set(_shipped(wanted)) == wanted
 
@@ -185,13 +196,7 @@ def test_calls_at_their_agents_when_a_gateway_is_killed_are_metered_as_lost(
     no usage event at all. Now each has one, ``worker_lost``, naming its agent."""
     run = uuid.uuid4().hex
     wanted = {f"lost-{run}-{i}" for i in range(8)}
-    port = free_port()
-    doomed = subprocess.Popen([sys.executable, *uvicorn_args(port)], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=gateway_env(tmp_path))
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_serving(base, doomed)
+    with doomed_gateway(tmp_path) as (base, doomed):
 
         def send(request_id: str) -> None:
             with contextlib.suppress(httpx.TransportError), httpx.Client(
@@ -205,13 +210,9 @@ def test_calls_at_their_agents_when_a_gateway_is_killed_are_metered_as_lost(
             wait_for(lambda: sum(1 for e in gateway.seen() if run in repr(e.get("body")))
                      >= len(wanted), timeout=20, interval=0.05,
                      message="every call at the agent")
-            doomed.send_signal(signal.SIGKILL)
+            kill(doomed)
             for future in sent:
                 future.result()
-    finally:
-        if doomed.poll() is None:
-            doomed.kill()
-        doomed.wait()
     with another_gateway(tmp_path, "successor"):
         events = _shipped(wanted)
     assert set(events) == wanted
@@ -309,36 +310,22 @@ def test_a_file_goes_once_its_events_are_shipped_and_its_calls_ended(tmp_path):
     assert recovered(tmp_path) == ["b", "c"]
 
 
-class HeldService:
+class HeldService(LoopbackService):
     """A tool's external service that holds every request until ``release``."""
 
     def __init__(self) -> None:
         self.arrived = threading.Semaphore(0)
         self.release = threading.Event()
-        outer = self
+        super().__init__(self._answer)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.arrived.release()
-                outer.release.wait(30)
-                data = b'{"ok": true}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _answer(self, request, body: bytes) -> tuple[int, str, bytes]:
+        self.arrived.release()
+        self.release.wait(30)
+        return 200, "application/json", b'{"ok": true}'
 
     def close(self) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
 
 
 @needs_redis
@@ -357,13 +344,7 @@ def test_tool_calls_at_their_service_when_a_gateway_is_killed_are_metered_as_los
         timeout_ms=30_000))
     run = uuid.uuid4().hex
     wanted = {f"tool-lost-{run}-{i}" for i in range(4)}
-    port = free_port()
-    doomed = subprocess.Popen([sys.executable, *uvicorn_args(port)], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=gateway_env(tmp_path))
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_serving(base, doomed)
+    with contextlib.closing(service), doomed_gateway(tmp_path) as (base, doomed):
         auth = {"Authorization": f"Bearer {gateway.key}"}
         wait_for(lambda: any(t["name"] == tool.name for t in httpx.get(
             f"{base}/v1/tools", headers=auth, timeout=5).json().get("tools", [])),
@@ -379,14 +360,9 @@ def test_tool_calls_at_their_service_when_a_gateway_is_killed_are_metered_as_los
             sent = [pool.submit(send, request_id) for request_id in wanted]
             for _ in wanted:
                 assert service.arrived.acquire(timeout=20), "every call at the service"
-            doomed.send_signal(signal.SIGKILL)
+            kill(doomed)
             for future in sent:
                 future.result()
-    finally:
-        if doomed.poll() is None:
-            doomed.kill()
-        doomed.wait()
-        service.close()
     with another_gateway(tmp_path, "successor"):
         events = _shipped(wanted)
     assert set(events) == wanted

@@ -7,8 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-import http.server
-import threading
 import uuid
 
 import orjson
@@ -21,37 +19,23 @@ from metering.models import Alert, AlertDelivery, UsageEvent
 from tasks.services import signing_secret_create
 from tenants.models import Quota
 from tests import factories
+from tests.support.loopback import LoopbackService
 from tests.support.waiting import wait_for
 
 
-class Receiver:
+class Receiver(LoopbackService):
     """A webhook receiver on loopback: answers 500 to the first ``fail_first`` posts."""
 
     def __init__(self, fail_first: int = 0) -> None:
-        received = self.posts = []
-        failing = [fail_first]
+        self.posts: list[dict] = []
+        self._failing = fail_first
+        super().__init__(self._answer, path="/alerts")
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                fail = failing[0] > 0
-                failing[0] -= 1
-                received.append({"headers": dict(self.headers), "body": body,
-                                 "answered": 500 if fail else 204})
-                self.send_response(500 if fail else 204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, request, body: bytes) -> tuple[int, None, bytes]:
+        status = 500 if self._failing > 0 else 204
+        self._failing -= 1
+        self.posts.append({"headers": dict(request.headers), "body": body, "answered": status})
+        return status, None, b""
 
 
 @pytest.fixture
