@@ -70,9 +70,24 @@ def phrase_of(text: str) -> str:
     trimmed from the ends, and no format characters (a break test's "\u202egist of memo"
     was shown reversed in the admin). Empty when nothing is left."""
     folded = unicodedata.normalize("NFKC", text).casefold()
-    if not folded.isascii():
-        folded = "".join(c for c in folded if unicodedata.category(c) != "Cf")
-    return " ".join(folded.split()).strip(_PHRASE_TRIM)
+    if folded.isascii():
+        return " ".join(folded.split()).strip(_PHRASE_TRIM)
+    # "İ" folds to "i" and a combining dot: the phrase typed "I" or "i" is the same word.
+    folded = "".join(c for c in folded.replace("i\u0307", "i")
+                     if unicodedata.category(c) != "Cf")
+    folded = " ".join(folded.split())
+    start, end = 0, len(folded)
+    while start < end and _trimmed(folded[start]):
+        start += 1
+    while end > start and _trimmed(folded[end - 1]):
+        end -= 1
+    return folded[start:end]
+
+
+def _trimmed(char: str) -> bool:
+    # ASCII: the listed marks only ("c#" keeps its "#"); else any punctuation ("¿", "」").
+    return char in _PHRASE_TRIM or (not char.isascii()
+                                    and unicodedata.category(char).startswith("P"))
 
 
 _LANGUAGES = (

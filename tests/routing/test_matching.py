@@ -257,6 +257,18 @@ def test_a_learned_phrase_is_matched_in_any_case_and_end_punctuation(encoder, em
         match = index.match(text, learned=learned)
         assert match.best is not None and match.best.capability_id == "note.file", text
         assert match.best.learned > 0, text
+    # helper-37's re-test: an opening "¿" or "「" and the dotted capital I ("İ" folds to
+    # "i" and a combining dot) defeated the phrase; "c#" keeps its "#".
+    from routing.text import phrase_of  # as registry.learning keeps a phrase
+
+    learned = [Learned("note.file", phrase_of("¿Dónde está el informe de Istanbul?")),
+               Learned("doc.summarize", phrase_of("review my C# notes"))]
+    for text, wanted in (("DÓNDE ESTÁ EL INFORME DE İSTANBUL", "note.file"),
+                         ("「dónde está el informe de istanbul」", "note.file"),
+                         ("¡Review my C# notes!", "doc.summarize")):
+        match = index.match(text, learned=learned)
+        assert match.best is not None and match.best.capability_id == wanted, text
+        assert match.best.learned == 1.0, text
 
 
 def test_a_long_intent_is_embedded_in_its_first_300_characters_only(encoder):
