@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 from django.contrib import admin, messages
 from django.db.models import Count, F, Q
@@ -247,6 +248,16 @@ class AgentTokenAdmin(TenantScopedAdmin):
 _TENANT_FILTER = ("tenant", admin.RelatedOnlyFieldListFilter)
 
 
+def shown_intent(text: str) -> str:
+    """A caller's intent as an operator should read it: format characters (bidi
+    overrides, zero-width spaces) named, not obeyed (a break test's "\u202egist of memo"
+    was listed reversed)."""
+    if text.isascii():
+        return text
+    return "".join(f"<U+{ord(c):04X}>" if unicodedata.category(c) == "Cf" else c
+                   for c in text)
+
+
 @admin.register(RouteFeedback)
 class RouteMissAdmin(ReadOnlyTenantScopedAdmin):
     """Route misses: feedback whose capability is not what the router chose (or the
@@ -265,7 +276,7 @@ class RouteMissAdmin(ReadOnlyTenantScopedAdmin):
 
     @admin.display(description="intent")
     def short_intent(self, obj: RouteFeedback) -> str:
-        return obj.intent if len(obj.intent) <= 80 else obj.intent[:79] + "…"
+        return shown_intent(obj.intent if len(obj.intent) <= 80 else obj.intent[:79] + "…")
 
     @admin.display(description="routed to", ordering="routed_to")
     def routed_to_or_none(self, obj: RouteFeedback) -> str:

@@ -217,10 +217,14 @@ def test_the_admin_lists_misses_with_their_resolution(
               routed_to="summarize.text"),
         event(world.tenant_a, "a confirmation", "report.build", routed_to="report.build"),
         event(world.tenant_b, "beta's own miss", "report.build"),
+        event(world.tenant_a, "\u202eomem fo tsig\u200b", "report.build"),
     ])
     learn(django_capture_on_commit_callbacks)
     client.force_login(world.owner)
     page = client.get(reverse("admin:registry_routefeedback_changelist")).content.decode()
+    # helper-37: format characters are named, not obeyed (the line read reversed).
+    assert "\u202e" not in page and "\u200b" not in page
+    assert "&lt;U+202E&gt;omem fo tsig&lt;U+200B&gt;" in page
     assert "numbers for the board" in page and "summarize.text" in page
     assert "routing" in page  # the resolution: a routable learned phrase
     assert "a confirmation" not in page  # not a miss
@@ -228,7 +232,8 @@ def test_the_admin_lists_misses_with_their_resolution(
     listing = client.get(reverse("admin:registry_learnedphrase_changelist"))
     assert listing.status_code == 200 and "numbers for the board" in listing.content.decode()
 
-    phrase = LearnedPhrase.objects.get(tenant=world.tenant_a)
+    phrase = LearnedPhrase.objects.get(tenant=world.tenant_a, phrase="numbers for the board")
+    LearnedPhrase.objects.filter(tenant=world.tenant_a).exclude(pk=phrase.pk).delete()
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(reverse("admin:registry_learnedphrase_changelist"), {
             "action": "deactivate", "_selected_action": [phrase.pk]})
