@@ -44,6 +44,10 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "email": (
         "email", "e-mail", "mail", "inbox", "reply to", "邮件", "写信", "回信", "发给",
     ),
+    "send": (
+        "send", "sends", "forward", "cc", "bcc", "mail it", "email it", "email them",
+        "deliver", "发送", "发出", "发给", "发过去", "发邮件", "转发", "抄送", "寄给",
+    ),
     "meeting_notes": (
         "minutes", "meeting notes", "action items", "takeaways", "会议纪要", "会议记录", "纪要",
         "待办", "行动项",

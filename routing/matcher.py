@@ -33,6 +33,7 @@ from routing.text import (
     phrase_of,
     stem,
     without_addresses,
+    without_disclaimers,
     words,
 )
 from routing.typos import heard
@@ -66,10 +67,10 @@ AMBIGUITY_MARGIN = 0.03
 # lead over the runner-up (capped: past it a lead says no more), fitted on the tuning set
 # (bench/routing.py --calibrate). Per matcher, as their scores differ in scale:
 # (intercept, per score, per lead). Measured on the development set, never fitted on it:
-# mean confidence 0.79 against 0.78 right (expected calibration error 0.047; the
-# logistic of the score alone had 0.95 against 0.78, error 0.165); words only 0.60
-# against 0.65 (0.073; was 0.214).
-CALIBRATION = {"semantic": (-0.774, 7.865, 4.590), "lexical": (-1.306, 6.617, 13.601)}
+# mean confidence 0.81 against 0.78 right (expected calibration error 0.044; the
+# logistic of the score alone had 0.95 against 0.78, error 0.165); words only 0.63
+# against 0.65 (0.070; was 0.214).
+CALIBRATION = {"semantic": (-0.614, 9.136, 3.006), "lexical": (-1.287, 9.333, 11.149)}
 CALIBRATION_LEAD_CAP = 0.3
 
 # How much each kind of feature counts: lexicon concepts say most about what
@@ -146,13 +147,18 @@ class CapabilityText:
         """Its place in an index: the id, or the id and its writer's tenant."""
         return self.capability_id if self.owner is None else f"{self.capability_id}#{self.owner}"
 
+    def units(self) -> list[str]:
+        """The short texts it is embedded as (``routing.semantic.units``)."""
+        return units(self.display_name, self.keywords, without_disclaimers(self.description),
+                     self.examples)
+
     def document(self) -> str:
         name = self.capability_id.replace(".", " ").replace("_", " ").replace("-", " ")
         # Names and keywords are what a team chose to be found by: counted twice.
         # Examples are how callers will ask; what it is not for never attracts a match.
         return " ".join([name, name, self.display_name, self.display_name,
-                         " ".join(self.keywords), " ".join(self.keywords), self.description,
-                         " ".join(self.examples)])
+                         " ".join(self.keywords), " ".join(self.keywords),
+                         without_disclaimers(self.description), " ".join(self.examples)])
 
 
 @dataclass(frozen=True)
@@ -321,8 +327,7 @@ class IntentIndex:
         if self._embedder is not None:
             self._units = self._units.changed(
                 [s for s, _ in leaving],
-                self._embedded(joining, new, lambda c: units(c.display_name, c.keywords,
-                                                             c.description, c.examples)))
+                self._embedded(joining, new, CapabilityText.units))
             self._negatives = self._negatives.changed(
                 [s for s, _ in leaving],
                 self._embedded(joining, new, lambda c: negatives(c.not_for)))

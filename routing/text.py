@@ -90,6 +90,35 @@ def _trimmed(char: str) -> bool:
                                     and unicodedata.category(char).startswith("P"))
 
 
+# What a description says its capability does not do: "it does not translate", "不会发送",
+# "会议室预订由会议室服务负责". Such a clause names a neighbour's job; read as the
+# capability's own words it drew that neighbour's requests (the issue's order-status
+# description that pulled parcel-tracking requests).
+_DISCLAIMER = re.compile(
+    r"\b(?:does not|doesn't|do not|don't|cannot|can't|will not|won't|never|is not|isn't|"
+    r"not for|handled by|instead|please use|use the|use our)\b"
+    r"|不会|不支持|不负责|不提供|不处理|不能|无法|不包括|不含|请用|请使用|请找|由.{1,12}负责",
+    re.IGNORECASE)
+# Where a clause ends: after a stop, a semicolon or a Chinese comma, after an ASCII stop
+# or comma that a space follows ("20,000" and "v1.2" are not ends), and before "but".
+_CLAUSE_END = re.compile(r"[;!?。；！？，]|[.,](?=\s|$)|(?=\sbut\b)")
+
+
+def without_disclaimers(description: str) -> str:
+    """``description`` without the clauses that say what the capability does not do;
+    the rest as written."""
+    if not _DISCLAIMER.search(description):
+        return description
+    ends = [m.end() for m in _CLAUSE_END.finditer(description)]
+    kept, start = [], 0
+    for end in [*ends, len(description)]:
+        clause = description[start:end]
+        if not _DISCLAIMER.search(clause):
+            kept.append(clause)
+        start = end
+    return "".join(kept).strip()
+
+
 _LANGUAGES = (
     r"english|chinese|mandarin|cantonese|japanese|korean|french|german|spanish|russian|"
     r"italian|portuguese|arabic|thai|vietnamese"

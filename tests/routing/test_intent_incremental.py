@@ -16,7 +16,7 @@ import orjson
 from routing.evaluation import load_requests
 from routing.matcher import CapabilityText, IntentIndex
 from routing.router import IntentIndexHolder, capability_text, capability_texts
-from routing.semantic import negatives, units
+from routing.semantic import negatives
 from routing.table import (
     AgentEntry,
     CapabilityEntry,
@@ -176,7 +176,7 @@ def test_a_change_that_leaves_the_texts_alone_keeps_the_index():
 
 
 def _units(c: CapabilityText) -> list[str]:
-    return units(c.display_name, c.keywords, c.description, c.examples) + negatives(c.not_for)
+    return c.units() + negatives(c.not_for)
 
 
 def test_a_change_embeds_only_the_texts_it_changed():

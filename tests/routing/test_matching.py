@@ -144,9 +144,12 @@ OTHERS = [CapabilityText("weather.forecast", "天气预报", "查询城市未来
 
 def test_a_negative_hint_keeps_a_request_away(encoder):
     text = "where is my parcel right now? track the delivery"
-    plain = IntentIndex([ORDERS, *OTHERS], embedder=encoder).match(text)
+    vague = CapabilityText(**{**ORDERS.__dict__, "description": (
+        "Looks up an order by number: items, payment state, whether it has shipped and "
+        "where its parcel is now.")})
+    plain = IntentIndex([vague, *OTHERS], embedder=encoder).match(text)
     assert plain.best is not None and plain.best.capability_id == "order.status"
-    hinted = CapabilityText(**{**ORDERS.__dict__,
+    hinted = CapabilityText(**{**vague.__dict__,
                                "not_for": ("parcel and delivery tracking (use logistics.track)",)})
     match = IntentIndex([hinted, *OTHERS], embedder=encoder).match(text)
     assert match.best is None or match.best.capability_id != "order.status", match.ranked
@@ -176,7 +179,9 @@ def test_every_decision_carries_confidence_and_margin(index):
     match = index.match("把这段话翻译成日语")
     assert match.best.capability_id == "translate.text"
     assert 0.5 < match.confidence < 1 and match.margin > 0
-    assert match.margin == pytest.approx(match.ranked[0].score - match.ranked[1].score, abs=1e-3)
+    # The lead over the runner-up; alone above the threshold, over nothing (0).
+    runner_up = match.ranked[1].score if len(match.ranked) > 1 else 0.0
+    assert match.margin == pytest.approx(match.ranked[0].score - runner_up, abs=1e-3)
     weaker = index.match("帮我弄一下这个文件")
     assert weaker.confidence < match.confidence
 
@@ -733,3 +738,44 @@ def test_an_address_alone_is_read_as_email():
     assert without_addresses("cc li.na+ops@corp.example.com and www.example.org/x?y=1") \
         == "cc  email address  and  link "
     assert without_addresses("no address here, 3 @ 5") == "no address here, 3 @ 5"
+
+
+MAIL = [
+    CapabilityText("email.draft", "邮件撰写",
+                   "根据要点起草商务邮件，可调整语气。只生成草稿，不会发送。",
+                   not_for=("实际发送邮件",)),
+    CapabilityText("email.send", "Email Sending", "Sends an email from the user's mailbox to "
+                   "the recipients given, with CC and attachments."),
+    CapabilityText("meeting.minutes", "Meeting minutes", "Turns meeting notes or a recording "
+                   "into formal minutes with decisions and action items."),
+    CapabilityText("reminder.set", "Reminders", "Sets personal reminders at a given time."),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("把这份报价发给采购部，抄送我的主管", ("email.send",)),
+    ("发邮件给所有参会人", ("email.send",)),
+    ("把会上记的笔记整理成正式纪要，之后发邮件给所有参会人", ("meeting.minutes", "email.send")),
+])
+def test_sending_in_chinese_reaches_a_capability_that_sends_described_in_english(
+        index, text, expected):
+    """发给 / 发邮件 / 抄送 are the English description's "sends" and "CC" (the lexicon's
+    send concept), and the drafting capability's "不会发送" is not its own word: before,
+    the Chinese drafting capability was the only one the words reached. Words only on a
+    small catalogue; with the encoder on the evaluation catalogue (the encoder reads a
+    capability among those written in its language)."""
+    from routing.evaluation import decided
+
+    assert decided(IntentIndex(MAIL).match(text)) == expected
+    assert decided(index.match(text)) == expected
+
+
+def test_a_description_saying_what_it_does_not_do_draws_no_requests_by_it(encoder):
+    """The issue's case: an order-status description ending "For parcel tracking use the
+    logistics service." pulled parcel-tracking requests to it."""
+    text = "where is my parcel right now? track the delivery"
+    for embedder in (None, encoder):
+        match = IntentIndex([ORDERS, *OTHERS], embedder=embedder).match(text)
+        assert match.best is None, match.ranked
+        assert IntentIndex([ORDERS, *OTHERS], embedder=embedder).match(
+            "what did I buy in order 88123 and is it paid?").best.capability_id == "order.status"
