@@ -283,12 +283,24 @@ def completion_events(result: Result, *, usage: bool = False) -> bytes:
 # ---- GET /v1/route --------------------------------------------------------------------------
 
 
+DRY_RUN_PARAMS = frozenset({"capability", "intent", "min_version", "src_lang", "dest_lang",
+                            "format", "input_chars", "cost", "namespace"})
+
+
 def dry_run(decide, request: Request, *, internal: bool) -> dict:
     """Ranked candidates with every score component and each drop reason; calls nobody.
     ``decide(table, route, pick=False)`` is the pipeline's (an intent's matching is
     charged to its tenant's CPU share)."""
     table = request.table
     query = query_params(request.scope)
+    unknown = sorted(set(query) - DRY_RUN_PARAMS)
+    if unknown:
+        # A misspelt parameter ("min_verison") would be a dry run of another question.
+        raise ReachError("invalid_input", f"Unknown query parameter(s): "
+                         f"{', '.join(repr(n[:40]) for n in unknown[:5])}; known here: "
+                         f"{', '.join(sorted(DRY_RUN_PARAMS))}.",
+                         details={n[:100]: ["is not a parameter of /v1/route"]
+                                  for n in unknown[:20]})
     route = route_request(request.key.tenant_pk, query,
                           namespace=request.header(b"x-reach-namespace"), internal=internal)
     decision = decide(table, route, pick=False)
@@ -327,6 +339,10 @@ def _stream_flag(body: dict) -> bool:
 def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
                   internal: bool = False) -> RouteRequest:
     capability, intent = params.get("capability"), params.get("intent")
+    for name, value in (("capability", capability), ("intent", intent)):
+        if value == "":
+            raise ReachError("invalid_input", f"'{name}' is empty: give the capability id "
+                             "or say what you want.", details={name: ["is empty"]})
     if bool(capability) == bool(intent):
         raise ReachError("invalid_input", "Give exactly one of 'capability' or 'intent'.")
     if not isinstance(capability or intent, str):

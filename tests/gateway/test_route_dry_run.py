@@ -102,6 +102,12 @@ def test_structured_errors(gateway, params, status, code):
     ("intent=%FF%FEtranslate", "UTF-8"),
     ("intent=translate%20this&intent=summarize%20that", "more than once"),
     ("capability=translate.text&capability=ocr.image", "more than once"),
+    # helper-38: a parameter the dry run does not know was ignored (a misspelt
+    # "min_verison" is a dry run of another question), and an empty intent got the
+    # generic "give exactly one".
+    ("capability=translate.text&min_verison=2", "'min_verison'"),
+    ("intent=", "'intent' is empty"),
+    ("capability=&intent=translate%20this", "'capability' is empty"),
 ])
 def test_a_query_not_in_utf_8_or_with_a_repeated_parameter_is_refused(gateway, query, says):
     """Break test (helper-36): these were matched (as replacement characters, or the last
