@@ -705,6 +705,10 @@ class IntentIndex:
                 plan.append(step.capability_id)
                 sureness.append(sure["confidence"])
         if len(plan) < 2:
+            if plan and not whole:
+                # Nothing matched the whole request (a "not for" hint pushed it away, say)
+                # but one part names a job: that part is what can be done.
+                return replace(single, ranked=first_step, **self._sureness(first_step))
             return single
         # The whole request's best match, when it matches every part reasonably well
         # (a fair share of that part's best), is a single step that covers it. Only the

@@ -779,3 +779,21 @@ def test_a_description_saying_what_it_does_not_do_draws_no_requests_by_it(encode
         assert match.best is None, match.ranked
         assert IntentIndex([ORDERS, *OTHERS], embedder=embedder).match(
             "what did I buy in order 88123 and is it paid?").best.capability_id == "order.status"
+
+
+def test_a_negative_hint_on_one_step_leaves_the_other_step_routable(encoder):
+    """helper-38: with "tracking where a parcel is right now" as a hint, "I want to return
+    a parcel and then track where it is" was refused whole (the whole request is closer
+    to the hint), though its first part is the desk's job: that part is answered."""
+    desk = CapabilityText(
+        "support.desk", "", "Answers shoppers' questions about our store: orders, payments, "
+        "parcel deliveries and returns.", keywords=("order", "delivery", "parcel", "退货"),
+        not_for=("tracking where a parcel is right now (use parcel.track)",))
+    others = [CapabilityText("calendar.book", "", "Books meetings in participants' "
+                             "calendars and sends invitations."),
+              CapabilityText("expense.approve", "", "审批员工提交的报销单，核对金额和发票。")]
+    index = IntentIndex([desk, *others], embedder=encoder)
+    assert index.match("where is my parcel right now?").best is None  # the hint holds
+    match = index.match("I want to return a parcel and then track where it is")
+    assert match.best is not None and match.best.capability_id == "support.desk", match
+    assert not match.plan and match.confidence > 0.5
