@@ -358,7 +358,7 @@ class Pipeline:
             # It answered a stream request with one reply: send that as the stream.
             reply = await self.caller.read(upstream, ctx)
             await self._answer(request, call.events(Result(upstream.candidate, reply, ctx,
-                                                           route_ms)))
+                                                           route_ms)), ctx)
             return Outcome.SUCCESS
 
         async def forward() -> dict | bytes:
@@ -372,7 +372,7 @@ class Pipeline:
 
         if ctx.idempotency_key is not None and not call.stream:
             return await self._idempotently(request, ctx, forward)
-        await self._answer(request, await forward())
+        await self._answer(request, await forward(), ctx)
         return Outcome.SUCCESS
 
     @staticmethod
@@ -520,7 +520,7 @@ class Pipeline:
             if not self.idempotency_fail_open:
                 raise ReachError("idempotency_unavailable", "Idempotency keys cannot be "
                                  "checked right now; retry shortly.", retry_after=1) from exc
-            await self._answer(request, await forward())
+            await self._answer(request, await forward(), ctx)
             return Outcome.SUCCESS
         _refuse_if_taken(outcome, lease_s)
         if outcome == idempotency.Outcome.REPLAY:
@@ -555,7 +555,7 @@ class Pipeline:
             await self._forget_quietly(record, owner)
             raise
         await self._store_quietly(record, owner, body_hash, idempotency.Stored(200, payload))
-        await send_bytes(request.send, 200, payload, request.request_id)
+        await send_bytes(request.send, 200, payload, request.request_id, routed_headers(ctx))
         return Outcome.SUCCESS
 
     async def _under_key(self, request: Request, ctx: CallContext, lease_s: float,
@@ -615,13 +615,15 @@ class Pipeline:
         except Exception:  # the claim lapses on its own
             IDEMPOTENCY_DEGRADED.inc()
 
-    async def _answer(self, request: Request, answer: dict | bytes) -> None:
+    async def _answer(self, request: Request, answer: dict | bytes, ctx: CallContext) -> None:
         if isinstance(answer, bytes):
             await request.send({"type": "http.response.start", "status": 200,
-                                "headers": sse_headers(request.request_id)})
+                                "headers": sse_headers(request.request_id)
+                                + routed_headers(ctx)})
             await request.send({"type": "http.response.body", "body": answer})
         else:
-            await send_bytes(request.send, 200, dumps_reply(answer), request.request_id)
+            await send_bytes(request.send, 200, dumps_reply(answer), request.request_id,
+                             routed_headers(ctx))
 
     async def _relay(self, request: Request, call: Call, upstream: Upstream,
                      ctx: CallContext) -> str:
@@ -629,7 +631,7 @@ class Pipeline:
         No retry once bytes are sent."""
         send = request.send
         await send({"type": "http.response.start", "status": 200,
-                    "headers": sse_headers(ctx.request_id)})
+                    "headers": sse_headers(ctx.request_id) + routed_headers(ctx)})
         protocol = PROTOCOLS[upstream.candidate.agent.protocol]
         meter: StreamMeter = protocol.stream_meter()
         reframe = call.reframe(protocol, upstream.candidate.agent.name)
@@ -942,3 +944,17 @@ def route_message(decision, table: RouteTable, route: RouteRequest) -> str:
     if named:
         return f"No healthy instance can serve {named!r} now."
     return "No healthy instance can serve this request now."
+
+
+def routed_headers(ctx: CallContext) -> list[tuple[bytes, bytes]]:
+    """An intent call's routing, on any door's reply (an OpenAI-shaped body has no place
+    for it): the capability it reached, how sure that was, and a plan's steps."""
+    sureness = ctx.sureness
+    if sureness is None:
+        return []
+    out = [(b"x-reach-capability", ctx.candidate.capability.capability_id.encode()),
+           (b"x-reach-confidence", str(sureness["confidence"]).encode()),
+           (b"x-reach-margin", str(sureness["margin"]).encode())]
+    if ctx.plan:
+        out.append((b"x-reach-plan", ",".join(ctx.plan).encode()))
+    return out

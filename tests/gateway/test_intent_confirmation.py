@@ -180,6 +180,16 @@ def test_a_chinese_intent_header_reaches_the_chat_door_raw_or_percent_encoded(ga
         answer = client.post("/v1/chat/completions", json=body,
                              headers={"X-Reach-Intent": value})
         assert answer.status_code == 200, answer.text
+        # The OpenAI-shaped reply has no place for the routing: headers say it
+        # (helper-37's re-test: the chat door said nothing of how sure it was).
+        dry = client.get("/v1/route", params={"intent": raw.decode()}).json()
+        assert answer.headers["x-reach-capability"] == dry["capability"] == "weather.forecast"
+        assert float(answer.headers["x-reach-confidence"]) == dry["confidence"]
+        assert float(answer.headers["x-reach-margin"]) == dry["margin"]
+        assert "x-reach-plan" not in answer.headers
+    named = client.post("/v1/chat/completions", json={**body, "model": "capability:"
+                                                      "weather.forecast"})
+    assert named.status_code == 200 and "x-reach-confidence" not in named.headers
     bad = client.post("/v1/chat/completions", json=body, headers={"X-Reach-Intent": b"\xff\xfe"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
 
@@ -197,6 +207,11 @@ def test_an_intent_of_several_steps_runs_the_first_and_says_the_plan(gateway):
     assert (body["confidence"], body["margin"], body["step_confidence"]) == (
         dry["confidence"], dry["margin"], dry["step_confidence"])
     assert calls(agent) == 1  # the first step only
+    assert answer.headers["x-reach-plan"] == "weather.forecast,slides.generate"
+    streamed = client.post("/v1/invoke", json={"intent": intent, "input": {}, "stream": True})
+    assert streamed.status_code == 200 and streamed.headers["x-reach-plan"] == \
+        "weather.forecast,slides.generate"
+    assert float(streamed.headers["x-reach-confidence"]) == dry["confidence"]
     single = client.post("/v1/invoke", json={"capability": "weather.forecast", "input": {}})
     assert not {"plan", "confidence", "margin"} & single.json().keys()
 
