@@ -110,9 +110,7 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
     elif isinstance(exc, db_utils.DataError):
         # A value PostgreSQL cannot hold or compare (a NUL in a path, a number out of
         # range): the request's fault. Nothing of the value is echoed.
-        exc = ReachAPIException(ReachError(
-            "invalid_input", "A value in this request cannot be stored or looked up (a NUL "
-            "character, or a number out of range)."))
+        exc = ReachAPIException(ReachError("invalid_input", _UNSTORABLE_MESSAGE))
     elif isinstance(exc, db_utils.IntegrityError):
         # Two requests (or one request and an existing object) claiming the same unique
         # slot: what a serializer's own check cannot see, decided by the database.
@@ -196,6 +194,26 @@ def database_unavailable_response(request: HttpRequest, exc: BaseException) -> H
                                message=_DB_UNAVAILABLE_MESSAGE, http_status=503)
     response["Retry-After"] = str(settings.DB_UNAVAILABLE_RETRY_AFTER)
     return response
+
+
+_UNSTORABLE_MESSAGE = ("A value in this request cannot be stored or looked up (a NUL "
+                       "character, or a number out of range).")
+
+
+def unstorable_value_response(request: HttpRequest) -> HttpResponse:
+    """400 ``invalid_input`` for a value PostgreSQL cannot hold or compare, reaching a
+    view outside the REST API (an admin list filtered by ``?request_id=%00`` was a 500):
+    the API's own handler says the same. Nothing of the value is echoed."""
+    if _wants_html(request):
+        from django.utils.html import escape
+
+        rid = getattr(request, "request_id", None) or requestid.current.get()
+        return HttpResponse(
+            "<!doctype html><html><head><title>Bad request</title></head><body><h1>Bad "
+            f"request</h1><p>{escape(_UNSTORABLE_MESSAGE)}</p><p>Request ID: {escape(rid)}"
+            "</p></body></html>", status=400, content_type="text/html; charset=utf-8")
+    return _json_error(request, code="invalid_input", message=_UNSTORABLE_MESSAGE,
+                       http_status=400)
 
 
 def _json_error(request: HttpRequest, *, code: str, message: str, http_status: int):

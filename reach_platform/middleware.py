@@ -60,15 +60,24 @@ class DatabaseUnavailableMiddleware(HybridMiddleware):
     """A view (API, heartbeat, admin) that fails because the database cannot be reached
     answers 503 ``service_unavailable`` with ``Retry-After`` instead of a 500 with a
     traceback. ``reach_platform.errors.database_unavailable_response`` builds the reply;
-    errors raised outside views reach it through ``handler500``."""
+    errors raised outside views reach it through ``handler500``. A value the database
+    cannot hold (a NUL in an admin filter) is the request's fault: 400, not 500."""
 
     def __call__(self, request):
         # A coroutine in async mode, a response in sync mode: either way the caller's.
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        from reach_platform.errors import database_unavailable_response, is_database_unavailable
+        from django.db import DataError
+
+        from reach_platform.errors import (
+            database_unavailable_response,
+            is_database_unavailable,
+            unstorable_value_response,
+        )
 
         if is_database_unavailable(exception):
             return database_unavailable_response(request, exception)
+        if isinstance(exception, DataError):  # the request's value, not the database
+            return unstorable_value_response(request)
         return None

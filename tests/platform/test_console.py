@@ -90,6 +90,13 @@ def test_the_call_log_finds_a_failed_call_by_request_id_with_its_details(world, 
                       {"q": failed.request_id}).content.decode()
     assert html.count('class="field-request_id"') == 1 and "upstream_error" in html
     assert "0.4 / 8.0 / 20" in html  # route / upstream / total ms
+    # helper-39: a NUL in a filter reached PostgreSQL and was a 500 with a traceback; the
+    # REST API said 400 for the same value. Now the admin says 400 too.
+    for value in ("\x00", "a\x00"):
+        refused = client.get(reverse("admin:metering_usageevent_changelist"),
+                             {"request_id": value})
+        assert refused.status_code == 400, refused.status_code
+        assert "cannot be stored or looked up" in refused.content.decode()
 
 
 @pytest.mark.django_db
