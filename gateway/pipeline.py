@@ -378,9 +378,15 @@ class Pipeline:
     @staticmethod
     def _read_headers(request: Request, ctx: CallContext) -> None:
         key = request.header(b"idempotency-key")
-        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        if key is not None and not (0 < len(key) <= MAX_IDEMPOTENCY_KEY and key.isascii()
+                                    and key.isprintable()):
+            # Printable ASCII, as the header's draft standard has it: other bytes were read
+            # as latin-1 and reached the agent re-encoded, another key than the caller's
+            # (helper-39), so the agent's own de-duplication could miss.
             raise ReachError("invalid_input", "Idempotency-Key must be 1 to "
-                             f"{MAX_IDEMPOTENCY_KEY} characters.")
+                             f"{MAX_IDEMPOTENCY_KEY} printable ASCII characters.",
+                             details={"Idempotency-Key": ["printable ASCII, 1 to "
+                                                          f"{MAX_IDEMPOTENCY_KEY}"]})
         ctx.idempotency_key = key
         ctx.caller_budget_ms = deadline_header(request.scope)
 

@@ -59,6 +59,32 @@ def test_a_keyed_retry_serialised_again_is_the_same_request(scripted):
     assert scripted.calls_with(marker) == 1
 
 
+def test_an_idempotency_key_is_printable_ascii_or_refused_before_the_agent(scripted):
+    """helper-39: key bytes e4 b8 ad ff reached the agent as c3 a4 c2 b8 c2 ad c3 bf
+    (read as latin-1, sent as UTF-8): another key than the caller's."""
+    table, key = route_table(scripted_agents(scripted.endpoint))
+    marker = f"badkey-{uuid.uuid4().hex}"
+
+    async def scenario():
+        async with in_process(table, key) as gw:
+            out = []
+            for raw in (b"\xe4\xb8\xad\xff", "中".encode(), b"k\x7f", b"a" * 256):
+                out.append(await gw.client.post(
+                    "/v1/chat/completions", content=json.dumps(chat_body(marker)).encode(),
+                    headers=gw._headers({"Content-Type": "application/json",
+                                         "Idempotency-Key": raw})))
+            out.append(await gw.post("/v1/chat/completions", chat_body(marker),
+                                     Idempotency_Key="order-42 retry:1"))
+            return out
+
+    *refused, accepted = run(scenario())
+    for response in refused:
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_input"
+    assert accepted.status_code == 200, accepted.text
+    assert scripted.calls_with(marker) == 1
+
+
 def test_a_keyed_chat_completion_runs_the_agent_once_and_replays(scripted):
     table, key = route_table(scripted_agents(scripted.endpoint))
     marker = f"chat-{uuid.uuid4().hex}"
