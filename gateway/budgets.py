@@ -11,7 +11,11 @@ the admitted total stays within the budget. After the call the reservation is
 failed without the agent reporting usage).
 
 Reservations are leases. One that is not settled in time (its gateway crashed)
-expires and stops counting; the lease is the call's deadline plus a margin.
+expires, and its call counts as one request used: the agent may well have run it (a
+break test: budgets of 20 requests ran 40 calls across a ``kill -9``, each lapsed
+reservation handed back). Its tokens and cost, ceilings that were never known, are
+released. A settlement arriving after the lapse adds the tokens and cost it reports,
+not the request again. The lease is the call's deadline plus a margin.
 
 The bound, stated in the README: none for requests and per-call prices; tokens
 and token-priced cost overshoot only when an agent returns more output than the
@@ -113,20 +117,30 @@ def new_reservation_id() -> str:
 # reservations stop counting once their lease lapses.
 # Shared by both scripts: drop lease ``rid`` of one scope (usage hash h, leases zset z,
 # lease amounts a), giving its reserved amounts back.
+# A lapsed lease (``lapsed`` true) charges its requests as used and leaves the marker
+# "lapsed" under its id, so its late settlement does not count the request again.
 _DROP = """
 local names = {'requests', 'tokens', 'cost'}
-local function drop(h, z, a, rid)
+local function drop(h, z, a, rid, lapsed)
   local amount = redis.call('HGET', a, rid)
-  if amount then
+  if amount and amount ~= 'lapsed' then
     local i = 1
     for v in string.gmatch(amount, '[^,]+') do
       -- 0 - v, not -v: Lua writes -0 as '-0', which HINCRBY refuses
       redis.call('HINCRBY', h, 'reserved_' .. names[i], 0 - tonumber(v))
+      if lapsed and i == 1 and tonumber(v) ~= 0 then
+        redis.call('HINCRBY', h, 'requests', tonumber(v))
+      end
       i = i + 1
     end
+  end
+  if lapsed and amount then
+    redis.call('HSET', a, rid, 'lapsed')
+  else
     redis.call('HDEL', a, rid)
   end
   redis.call('ZREM', z, rid)
+  return amount
 end
 """
 
@@ -138,7 +152,7 @@ local n = #KEYS / 3
 for s = 0, n - 1 do
   local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
   for _, rid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
-    drop(h, z, a, rid)
+    drop(h, z, a, rid, true)
   end
 end
 for s = 0, n - 1 do
@@ -172,8 +186,9 @@ local id = ARGV[1]
 local actual = {tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
 for s = 0, #KEYS / 3 - 1 do
   local h, z, a = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
-  drop(h, z, a, id)
-  for f = 1, 3 do
+  local first = 1
+  if drop(h, z, a, id, false) == 'lapsed' then first = 2 end  -- its request is counted
+  for f = first, 3 do
     if actual[f] ~= 0 then redis.call('HINCRBY', h, names[f], actual[f]) end
   end
   redis.call('PEXPIRE', h, ARGV[5])
@@ -251,6 +266,7 @@ class _Counts:
     used: list[int] = field(default_factory=lambda: [0, 0, 0])
     reserved: list[int] = field(default_factory=lambda: [0, 0, 0])
     leases: dict[str, tuple[float, Amount]] = field(default_factory=dict)
+    lapsed: set[str] = field(default_factory=set)  # charged a request; settled later
     # (expires, id) of the leases, soonest first; settled ones stay until they surface
     # or the heap is rebuilt. Scanning every lease on every call made a reservation
     # cost grow with the calls in flight (70 us each at 1,000).
@@ -266,6 +282,8 @@ class _Counts:
                 del self.leases[rid]
                 self.reserved = [r - a for r, a in zip(self.reserved, held[1].values(),
                                                        strict=True)]
+                self.used[0] += held[1].requests  # the call may have run: it counts
+                self.lapsed.add(rid)
 
     def hold(self, rid: str, expires: float, amount: Amount) -> None:
         self.leases[rid] = (expires, amount)
@@ -314,7 +332,11 @@ class MemoryBudgets:
             if held is not None:
                 row.reserved = [r - a for r, a in zip(row.reserved, held[1].values(),
                                                       strict=True)]
-            row.used = [u + a for u, a in zip(row.used, actual.values(), strict=True)]
+            counted = actual
+            if reservation.id in row.lapsed:  # its request was charged when it lapsed
+                row.lapsed.discard(reservation.id)
+                counted = Amount(0, actual.tokens, actual.cost)
+            row.used = [u + a for u, a in zip(row.used, counted.values(), strict=True)]
 
     async def add_many(self, amounts: dict[tuple[str, str], Amount]) -> None:
         """Usage outside any reservation, by (month, scope)."""

@@ -51,10 +51,11 @@ def month_usage(tenant_id: int, agent_id: int | None = None, *,
         scope &= Q(agent_id=agent_id)
     if capability_id is not None:
         scope &= Q(capability_id=capability_id)
-    # A request counts when the agent answered (it succeeded or reported usage): as the
+    # A request counts when the agent answered (it succeeded or reported usage), or when
+    # its gateway died with it (``worker_lost``: the agent may have run it): as the
     # gateway's budgets count them, a failing agent consumes no budget.
     answered = Q(outcome="success") | Q(input_tokens__gt=0) | Q(output_tokens__gt=0) \
-        | Q(cost__gt=0)
+        | Q(cost__gt=0) | Q(outcome="worker_lost")
     totals = UsageEvent.objects.filter(scope).aggregate(
         requests=Count("id", filter=answered),
         input_tokens=Sum("input_tokens", default=0),

@@ -81,24 +81,32 @@ def test_a_failing_agent_consumes_no_budget(scripted):
     assert sum(e["cost"] for e in events) == 5.0  # the failures cost nothing
 
 
-def test_a_reservation_lapses_when_its_gateway_never_settles_it():
+def test_a_reservation_that_lapses_counts_its_request_and_hands_back_its_ceilings():
+    """Its gateway died with the call: the lease lapses, and the call counts as one
+    request used, since the agent may have run it (helper-39: a budget of 20 requests ran
+    40 calls across a kill -9, each lapsed reservation handed back whole). Its token and
+    cost ceilings go back. A late settlement adds its usage, not the request again."""
     clock = FakeClock(now=1_800_000_000.0)
     ledger = MemoryBudgets(clock=clock)
-    limits = [ScopeLimit("1", requests=1)]
+    limits = [ScopeLimit("1", requests=2, tokens=1000)]
 
     async def scenario():
-        held = await ledger.reserve(limits, Amount(1, 0, 0), lease_s=10)
-        refused = await ledger.reserve(limits, Amount(1, 0, 0), lease_s=10)
+        held = await ledger.reserve(limits, Amount(1, 900, 0), lease_s=10)
+        refused = await ledger.reserve(limits, Amount(1, 900, 0), lease_s=10)  # tokens
         clock.advance(11)  # the reserving gateway died: its lease lapses
-        again = await ledger.reserve(limits, Amount(1, 0, 0), lease_s=10)
-        await ledger.settle(again, Amount(1, 0, 0))
+        again = await ledger.reserve(limits, Amount(1, 900, 0), lease_s=10)
+        after_lapse = await ledger.used("1")
+        await ledger.settle(again, Amount(1, 50, 0))
         full = await ledger.reserve(limits, Amount(1, 0, 0), lease_s=10)
-        return held, refused, again, full
+        await ledger.settle(held, Amount(1, 30, 0))  # the lapsed one reports after all
+        return held, refused, again, after_lapse, full, await ledger.used("1")
 
-    held, refused, again, full = run(scenario())
+    held, refused, again, after_lapse, full, used = run(scenario())
     assert hasattr(held, "id") and not hasattr(refused, "id")
-    assert hasattr(again, "id")
+    assert hasattr(again, "id")  # the tokens came back ...
+    assert after_lapse["requests"] == 1  # ... the request did not
     assert not hasattr(full, "id") and full.metric == "requests"
+    assert (used["requests"], used["tokens"]) == (2, 80)
 
 
 def test_reservations_lapse_exactly_when_due_among_many_settled_and_unsettled():
@@ -153,17 +161,23 @@ def test_redis_reservations_are_atomic_and_leased():
             after = await ledgers[1].reserve(limits, Amount(1, 0, 850_000), lease_s=30)
             too_much = await ledgers[2].reserve(limits, Amount(1, 0, 1), lease_s=30)
             used = await ledgers[0].used("t", month=held[0].month)
-            return held, after, too_much, used
+            await ledgers[3].settle(held[1], Amount(1, 5, 0))  # a lapsed one reports late
+            late = await ledgers[0].used("t", month=held[0].month)
+            return held, after, too_much, used, late
         finally:
             keys = [k async for k in client.scan_iter(match=prefix + "*")]
             if keys:
                 await client.delete(*keys)
             await client.aclose()
 
-    held, after, too_much, used = run(scenario())
+    held, after, too_much, used, late = run(scenario())
     assert len(held) == 10  # 1.0 of budget, 0.1 a call: never an 11th
     assert hasattr(after, "id") and not hasattr(too_much, "id")
     assert used["cost"] == 150_000 and used["reserved_cost"] == 850_000
+    # The nine that lapsed count as requests (their gateway died with them); the settled
+    # one counts once, and the reservation after the lapse is not used yet.
+    assert used["requests"] == 10 and used["reserved_requests"] == 1
+    assert (late["requests"], late["tokens"]) == (10, used["tokens"] + 5)
 
 
 # ---- idempotency --------------------------------------------------------------------------

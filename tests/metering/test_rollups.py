@@ -291,6 +291,11 @@ def test_month_usage_counts_this_calendar_month_only(db):
         "requests": 1, "tokens": 30, "cost": Decimal("2.5")}
     assert month_usage(factories.tenant().pk, now=NOW) == {
         "requests": 0, "tokens": 0, "cost": Decimal(0)}
+    # A call its gateway died with counts as a request (the agent may have run it, and
+    # the gateways' own counters charge a lapsed reservation); a failure does not.
+    usage(tenant, NOW, outcome="worker_lost", input_tokens=0, output_tokens=0, cost="0")
+    usage(tenant, NOW, outcome="upstream_error", input_tokens=0, output_tokens=0, cost="0")
+    assert month_usage(tenant.pk, now=NOW)["requests"] == 3
 
 
 def test_a_budget_alerts_once_at_80_percent(db):
