@@ -142,11 +142,10 @@ def api_exception_handler(exc: Exception, context) -> Response | None:
 # --- the database is away -------------------------------------------------------------
 
 _DB_UNAVAILABLE_MESSAGE = "The database is unavailable; retry shortly."
-_DB_UNAVAILABLE_HTML = (
-    "<!doctype html><html><head><title>Service unavailable</title></head><body>"
-    "<h1>Service unavailable</h1><p>The database is unavailable; this page will work "
-    "again shortly. Please retry in a moment.</p><p>Request ID: {rid}</p></body></html>"
-)
+_DB_UNAVAILABLE_PAGE = ("The database is unavailable; this page will work again shortly. "
+                        "Please retry in a moment.")
+_UNSTORABLE_MESSAGE = ("A value in this request cannot be stored or looked up (a NUL "
+                       "character, or a number out of range).")
 
 
 def _database_unavailable_types() -> tuple[type[BaseException], ...]:
@@ -183,37 +182,33 @@ def database_unavailable_response(request: HttpRequest, exc: BaseException) -> H
     # The text of a connection error can carry the DSN: log the class only.
     logger.warning("database unavailable for %s %s (%s)", request.method, request.path,
                    type(exc).__name__)
-    rid = getattr(request, "request_id", None) or requestid.current.get()
-    if _wants_html(request):
-        from django.utils.html import escape
-
-        response = HttpResponse(_DB_UNAVAILABLE_HTML.format(rid=escape(rid)), status=503,
-                                content_type="text/html; charset=utf-8")
-    else:
-        response = _json_error(request, code="service_unavailable",
-                               message=_DB_UNAVAILABLE_MESSAGE, http_status=503)
+    response = _page_or_json(request, code="service_unavailable", http_status=503,
+                             title="Service unavailable", page=_DB_UNAVAILABLE_PAGE,
+                             message=_DB_UNAVAILABLE_MESSAGE)
     response["Retry-After"] = str(settings.DB_UNAVAILABLE_RETRY_AFTER)
     return response
-
-
-_UNSTORABLE_MESSAGE = ("A value in this request cannot be stored or looked up (a NUL "
-                       "character, or a number out of range).")
 
 
 def unstorable_value_response(request: HttpRequest) -> HttpResponse:
     """400 ``invalid_input`` for a value PostgreSQL cannot hold or compare, reaching a
     view outside the REST API (an admin list filtered by ``?request_id=%00`` was a 500):
     the API's own handler says the same. Nothing of the value is echoed."""
-    if _wants_html(request):
-        from django.utils.html import escape
+    return _page_or_json(request, code="invalid_input", http_status=400, title="Bad request",
+                         page=_UNSTORABLE_MESSAGE, message=_UNSTORABLE_MESSAGE)
 
-        rid = getattr(request, "request_id", None) or requestid.current.get()
-        return HttpResponse(
-            "<!doctype html><html><head><title>Bad request</title></head><body><h1>Bad "
-            f"request</h1><p>{escape(_UNSTORABLE_MESSAGE)}</p><p>Request ID: {escape(rid)}"
-            "</p></body></html>", status=400, content_type="text/html; charset=utf-8")
-    return _json_error(request, code="invalid_input", message=_UNSTORABLE_MESSAGE,
-                       http_status=400)
+
+def _page_or_json(request: HttpRequest, *, code: str, http_status: int, title: str,
+                  page: str, message: str) -> HttpResponse:
+    """A small HTML page for the admin, the structured JSON error everywhere else."""
+    if not _wants_html(request):
+        return _json_error(request, code=code, message=message, http_status=http_status)
+    from django.utils.html import escape
+
+    rid = getattr(request, "request_id", None) or requestid.current.get()
+    return HttpResponse(
+        f"<!doctype html><html><head><title>{title}</title></head><body><h1>{title}</h1>"
+        f"<p>{escape(page)}</p><p>Request ID: {escape(rid)}</p></body></html>",
+        status=http_status, content_type="text/html; charset=utf-8")
 
 
 def _json_error(request: HttpRequest, *, code: str, message: str, http_status: int):
