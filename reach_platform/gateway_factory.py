@@ -268,12 +268,14 @@ def redis_client(url: str):
 
     from gateway.redis_gate import gated
 
-    # A second, and the retry's: a busy gateway (its event loop late to read answers)
-    # must not take a working Redis for a hung one. Half a second without the retry
-    # did, under a burst of 600 calls on two gateways, and the gate (below) then ran
-    # the rate limits per process: 184 admitted where 60 may.
+    # A second by default, and the retry's: a busy gateway (its event loop late to read
+    # answers) must not take a working Redis for a hung one. Half a second without the
+    # retry did, under a burst of 600 calls on two gateways, and the gate (below) then
+    # ran the rate limits per process: 184 admitted where 60 may.
+    wait_s = settings.REDIS_TIMEOUT_S
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=64, timeout=1, socket_timeout=1, socket_connect_timeout=1,
+        url, max_connections=64, timeout=wait_s, socket_timeout=wait_s,
+        socket_connect_timeout=wait_s,
         health_check_interval=10, socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
         retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError])

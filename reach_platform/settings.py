@@ -173,6 +173,11 @@ else:
 # Prefix for every Redis key the platform writes, so several deployments (or test
 # runs) can share one Redis server.
 REDIS_KEY_PREFIX = env.str("REACH_REDIS_KEY_PREFIX", default="reach:")
+# How long a gateway waits on one Redis command (and for a pooled connection) before it
+# takes Redis for hung and keeps its limits, budgets and idempotency without it for a
+# while (gateway/redis_gate.py). Longer on machines whose CPU is often saturated: there
+# a late event loop makes a working Redis look hung.
+REDIS_TIMEOUT_S = env.float("REACH_REDIS_TIMEOUT_S", default=1.0)
 
 # ---- asynchronous tasks (tasks/, gateway/tasks.py) ------------------------------------
 # How long a task may take from submission to a final state, whoever holds it meanwhile.

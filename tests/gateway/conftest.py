@@ -138,10 +138,12 @@ def gateway_env(tmp_path, *, redis_url: str | None = None, **extra: str) -> dict
 
 @contextlib.contextmanager
 def another_gateway(tmp_path, name: str, *, redis_url: str | None = None,
-                    app: str = ALL_IN_ONE):
-    """A second gateway process beside the fixture's; yields its base URL."""
+                    app: str = ALL_IN_ONE, **extra: str):
+    """A second gateway process beside the fixture's (``extra``: settings of its own);
+    yields its base URL."""
     port = free_port()
-    with running(uvicorn_args(port, app), env=gateway_env(tmp_path, redis_url=redis_url),
+    with running(uvicorn_args(port, app),
+                 env=gateway_env(tmp_path, redis_url=redis_url, **extra),
                  port=port, log=tmp_path / f"{name}.log") as base:
         yield base
 
