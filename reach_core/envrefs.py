@@ -5,14 +5,15 @@ the platform's secrets (``REACH_SECRET_KEY``, ``REACH_CREDENTIAL_KEYS``, the dat
 password in ``DATABASE_URL``) and whatever else the host put there. A tenant who could
 name any variable would have the gateway send it, as a header, to the tenant's own
 agent. So a name is lent only when it matches one of the operator's patterns
-(``REACH_CREDENTIAL_ENV``, default ``DOWNSTREAM_*``), and the platform's own settings
-are never lent, whatever the patterns say.
+(``REACH_CREDENTIAL_ENV``), and the platform's own settings are never lent, whatever the
+patterns say.
 
-A plain pattern lends its names to every tenant that can register a credential: fit for
-tenants of one organisation that share their downstream services. Between tenants that
-must not read each other's secrets, ``{tenant}`` in a pattern stands for the owning
-tenant's slug in capitals, ``-`` as ``_`` (``DOWNSTREAM_{tenant}__*``: tenant
-``cloud-sales`` may name ``DOWNSTREAM_CLOUD_SALES__TOKEN``, tenant ``cloud`` may not).
+``{tenant}`` in a pattern stands for the owning tenant's slug in capitals, ``-`` as
+``_``: the default ``DOWNSTREAM_{tenant}__*`` lets tenant ``cloud-sales`` name
+``DOWNSTREAM_CLOUD_SALES__TOKEN`` and tenant ``cloud`` not, so no tenant can have
+another's downstream token sent to its own agent. A plain pattern lends its names to
+every tenant that can register a credential: fit only for names that tenants of one
+organisation share.
 Only slugs of lower-case letters and digits in parts joined by single hyphens take
 part, so no tenant's names can be another's (``a_b`` and ``a-b`` would both be
 ``A_B``).
@@ -23,7 +24,7 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 
-DEFAULT_PATTERNS = ("DOWNSTREAM_*",)
+DEFAULT_PATTERNS = ("DOWNSTREAM_{tenant}__*",)
 # The platform's own configuration: never a tenant's, even under a pattern like ``*``.
 NEVER = ("REACH_*", "DATABASE_URL", "REDIS_URL", "CELERY_*", "DJANGO_*", "PROMETHEUS_*")
 _NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
@@ -39,10 +40,14 @@ def refusal(name: str, patterns: tuple[str, ...] | list[str], tenant: str = "") 
         return "Must be an environment variable name (A-Z, 0-9, _)."
     if any(fnmatchcase(name, pattern) for pattern in NEVER):
         return f"{name} is one of the platform's own settings, never lent to a credential."
-    if not any(fnmatchcase(name, own) for own in _owned(patterns, tenant)):
-        lent = ", ".join(patterns) or "none"
+    owned = _owned(patterns, tenant)
+    if not any(fnmatchcase(name, own) for own in owned):
+        # Named as filled in for this tenant: "DOWNSTREAM_{tenant}__*" would leave the
+        # author to work out what their slug becomes.
+        lent = ", ".join(owned) or "none"
         return (f"{name} is not among the environment variables this platform lends to "
-                f"credentials ({lent}; its operator sets them with REACH_CREDENTIAL_ENV).")
+                f"this tenant's credentials ({lent}; its operator sets them with "
+                f"REACH_CREDENTIAL_ENV).")
     return None
 
 

@@ -39,7 +39,7 @@ CREDENTIAL_KEYS = [
 ]
 # The gateway's environment variables a tenant's credential or tool may name in
 # value_env (glob patterns; reach_core.envrefs): the platform's own are never lent.
-CREDENTIAL_ENV = env.list("REACH_CREDENTIAL_ENV", default=["DOWNSTREAM_*"])
+CREDENTIAL_ENV = env.list("REACH_CREDENTIAL_ENV", default=["DOWNSTREAM_{tenant}__*"])
 # The directory mTLS certificate, key and CA files of tenants' credentials and tools
 # must lie in (reach_core.filerefs); empty: none may be named.
 CREDENTIAL_FILES = env.str("REACH_CREDENTIAL_FILES", default="/etc/agent-reach/certs")

@@ -81,10 +81,12 @@ def scripted_spec(port: int) -> list[AgentSpec]:
 def gateway(transactional_db, tmp_path, request):
     """Demo agents, the scripted agent, and a gateway process, all registered for one
     tenant. ``@pytest.mark.gateway_env(KEY=value)`` adds gateway settings;
+    ``@pytest.mark.gateway_tenant(slug=...)`` names the tenant;
     ``@pytest.mark.gateway_via_forwarders`` routes the gateway's PostgreSQL and Redis
     connections through test-owned forwarders (``gateway.postgres``, ``gateway.redis``)."""
     factories.seed_defaults()
-    tenant = factories.tenant()
+    named = request.node.get_closest_marker("gateway_tenant")
+    tenant = factories.tenant(**(named.kwargs if named else {}))
     demo_agents, stop_demo = run_in_thread()
     agent_port = free_port()
     agent = start_scripted_agent(agent_port).proc

@@ -18,14 +18,16 @@ def _invoke(gateway):
         return client.post("/v1/invoke", json={"capability": "echo.all", "input": {"x": 1}})
 
 
-@pytest.mark.gateway_env(DOWNSTREAM_E2E_TOKEN=LENT)
+@pytest.mark.gateway_tenant(slug="e2e")
+@pytest.mark.gateway_env(DOWNSTREAM_E2E__TOKEN=LENT)
 def test_a_credential_reads_a_lent_variable_and_never_the_platforms_own(gateway):
+    """By default a tenant is lent the names DOWNSTREAM_<ITS SLUG>__*."""
     from registry.models import Agent
     from tenants.models import Credential
 
     agent = Agent.objects.get(name="scripted")
     row = Credential.objects.create(tenant=gateway.tenant, agent=agent, kind="header",
-                                    field_name="X-Lent", value_env="DOWNSTREAM_E2E_TOKEN")
+                                    field_name="X-Lent", value_env="DOWNSTREAM_E2E__TOKEN")
 
     def lent_header():
         response = _invoke(gateway)
@@ -49,9 +51,12 @@ def test_a_credential_reads_a_lent_variable_and_never_the_platforms_own(gateway)
 
 
 def _table_with(entry):
-    from routing.table import RouteTable
+    import types
 
-    return RouteTable(version=1, credentials={entry.pk: entry}).indexed()
+    from routing.table import RouteTable, TenantEntry
+
+    return RouteTable(version=1, credentials={entry.pk: entry}, tenants=types.MappingProxyType(
+        {entry.tenant_pk: TenantEntry(pk=entry.tenant_pk, slug="acme")})).indexed()
 
 
 def test_an_empty_lent_variable_is_no_value(monkeypatch):
@@ -60,9 +65,9 @@ def test_an_empty_lent_variable_is_no_value(monkeypatch):
     from reach_core.errors import ReachError
     from routing.table import CredentialEntry
 
-    monkeypatch.setenv("DOWNSTREAM_EMPTY", "")
+    monkeypatch.setenv("DOWNSTREAM_ACME__EMPTY", "")
     entry = CredentialEntry(pk=1, tenant_pk=1, agent_pk=2, kind="bearer",
-                            value_env="DOWNSTREAM_EMPTY")
+                            value_env="DOWNSTREAM_ACME__EMPTY")
     headers: dict[str, str] = {}
     with pytest.raises(ReachError) as refused:
         Credentials(()).apply(_table_with(entry), 1, 2, headers, {})

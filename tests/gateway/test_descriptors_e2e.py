@@ -23,11 +23,13 @@ def test_field_report_descriptors_round_trip_and_their_inputs_are_enforced(gatew
                                   scopes=[ApiKeyScope.REGISTER, ApiKeyScope.READ]).plaintext
     headers = {"Authorization": f"Bearer {registrar}"}
     echo = f"http://127.0.0.1:{gateway.agent_port}"
+    # The name lent to this tenant by default: DOWNSTREAM_<its slug>__*.
+    lent = f"DOWNSTREAM_{gateway.tenant.slug.upper().replace('-', '_')}__CLOUD_SALES_TOKEN"
     entry = (f"agents:\n  - name: cloud-chat-sales\n    endpoint: {echo}/v1\n"
              "    protocol: openai-compatible\n    capabilities: [chat, tool-calling]\n"
              "    internal_only: true\n"
              "    auth: {type: header, key: Authorization,\n"
-             "           value_env: DOWNSTREAM_CLOUD_SALES_TOKEN}\n"
+             f"           value_env: {lent}}}\n"
              "    pool: {max_conns: 64, idle_timeout: 90s}\n"
              "    routing: {weight: 70, priority: 1}\n")
     summary = (EXAMPLES / "field-report.capability.yaml").read_text().replace(
@@ -45,7 +47,7 @@ def test_field_report_descriptors_round_trip_and_their_inputs_are_enforced(gatew
         "openai", True, 70, 1)
     assert (got["pool_max_connections"], got["pool_idle_seconds"]) == (64, 90)
     assert [(c["kind"], c["field_name"], c["value_env"]) for c in got["credentials"]] == [
-        ("header", "Authorization", "DOWNSTREAM_CLOUD_SALES_TOKEN")]
+        ("header", "Authorization", lent)]
     assert got["descriptor"]["protocol"] == "openai-compatible"
 
     wait_for_table([gateway.base], current_version())

@@ -52,11 +52,11 @@ def test_the_field_reports_two_agents_are_created_as_written(owner):
     assert [i.endpoint for i in cloud.instances.all()] == ["https://api.example.com/v1"]
     header = Credential.objects.get(agent=cloud)
     assert (header.kind, header.field_name, header.value_env) == (
-        "header", "Authorization", "DOWNSTREAM_CLOUD_SALES_TOKEN")
+        "header", "Authorization", "DOWNSTREAM_OPS__CLOUD_SALES_TOKEN")
     assert not header.secret_ciphertext  # a reference, never a secret
     cert = Credential.objects.get(agent=internal)
     assert (cert.kind, cert.value_env, cert.client_cert_path, cert.ca_file) == (
-        "mtls", "DOWNSTREAM_INTERNAL_CLIENT_KEY", "/etc/agent-reach/certs/client.crt",
+        "mtls", "DOWNSTREAM_OPS__INTERNAL_CLIENT_KEY", "/etc/agent-reach/certs/client.crt",
         "/etc/agent-reach/certs/ca.pem")
     assert cloud.managed and internal.managed
     # Applying it again changes nothing.
@@ -67,7 +67,7 @@ def test_a_file_with_two_errors_changes_nothing_and_names_both(owner, tmp_path):
     run(TWO_AGENTS, "--tenant", "ops")
     before = {a.name: (a.weight, a.priority) for a in Agent.objects.all()}
     broken = TWO_AGENTS.read_text().replace("weight: 70", "weight: 95") \
-        .replace("value_env: DOWNSTREAM_CLOUD_SALES_TOKEN", "") \
+        .replace("value_env: DOWNSTREAM_OPS__CLOUD_SALES_TOKEN", "") \
         .replace("endpoint: http://10.0.8.12:8080/v1", "endpoint: ftp://10.0.8.12/v1")
     path = tmp_path / "agents.yaml"
     path.write_text(broken)
@@ -122,7 +122,7 @@ def test_a_dry_run_refuses_what_apply_would_and_changes_nothing(owner, tmp_path)
     """A variable the platform does not lend is found by the models' own check: the dry
     run makes it too (and still writes nothing)."""
     path = tmp_path / "agents.yaml"
-    path.write_text(TWO_AGENTS.read_text().replace("DOWNSTREAM_CLOUD_SALES_TOKEN",
+    path.write_text(TWO_AGENTS.read_text().replace("DOWNSTREAM_OPS__CLOUD_SALES_TOKEN",
                                                    "REACH_CREDENTIAL_KEYS"))
     with pytest.raises(CommandError, match=r"agents\[0\]\.auth\.value_env"):
         run(path, "--tenant", "ops", "--dry-run")

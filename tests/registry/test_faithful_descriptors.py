@@ -24,7 +24,8 @@ SALES_ENTRY = {
     "protocol": "openai-compatible",
     "capabilities": ["chat", "tool-calling"],
     "internal_only": True,
-    "auth": {"type": "header", "key": "Authorization", "value_env": "DOWNSTREAM_CLOUD_SALES_TOKEN"},
+    "auth": {"type": "header", "key": "Authorization",
+             "value_env": "DOWNSTREAM_ALPHA__CLOUD_SALES_TOKEN"},
     "pool": {"max_conns": 64, "idle_timeout": "90s"},
     "routing": {"weight": 70, "priority": 1},
 }
@@ -59,15 +60,17 @@ def test_an_operators_agent_entry_round_trips(registrar, world, form):
     (credential,) = got["credentials"]
     assert credential["tenant"] == world.tenant_a.slug
     assert (credential["kind"], credential["field_name"], credential["value_env"]) == (
-        "header", "Authorization", "DOWNSTREAM_CLOUD_SALES_TOKEN")
-    assert credential["secret_source"] == "environment variable DOWNSTREAM_CLOUD_SALES_TOKEN"
+        "header", "Authorization", "DOWNSTREAM_ALPHA__CLOUD_SALES_TOKEN")
+    assert credential["secret_source"] == "environment variable DOWNSTREAM_ALPHA__CLOUD_SALES_TOKEN"
     assert got["descriptor"] == SALES_ENTRY
     assert got["instances"][0]["endpoint"] == "http://127.0.0.1:9104/v1"
 
 
 @pytest.mark.django_db
 def test_a_cert_entry_becomes_the_owners_mtls_credential_reference(registrar, world):
-    response = register(registrar, (EXAMPLES / "field-report.agents.yaml").read_text())
+    # The example names the variable lent to tenant ops; the registrar here is alpha.
+    response = register(registrar, (EXAMPLES / "field-report.agents.yaml").read_text()
+                        .replace("DOWNSTREAM_OPS__", "DOWNSTREAM_ALPHA__"))
 
     assert response.status_code == 201, response.json()
     agent = Agent.objects.get(name="internal-order-agent")
@@ -78,7 +81,7 @@ def test_a_cert_entry_becomes_the_owners_mtls_credential_reference(registrar, wo
     assert credential.tenant == world.tenant_a
     assert (credential.kind, credential.client_cert_path, credential.value_env,
             credential.ca_file) == ("mtls", "/etc/agent-reach/certs/client.crt",
-                                    "DOWNSTREAM_INTERNAL_CLIENT_KEY",
+                                    "DOWNSTREAM_ALPHA__INTERNAL_CLIENT_KEY",
                                     "/etc/agent-reach/certs/ca.pem")
 
 
@@ -181,7 +184,7 @@ def test_the_admin_shows_the_source_descriptor(registrar, world, client):
 
     assert page.status_code == 200
     assert "openai-compatible" in page.content.decode()
-    assert "DOWNSTREAM_CLOUD_SALES_TOKEN" in page.content.decode()
+    assert "DOWNSTREAM_ALPHA__CLOUD_SALES_TOKEN" in page.content.decode()
 
 
 @pytest.mark.django_db

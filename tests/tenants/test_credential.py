@@ -47,10 +47,10 @@ def test_value_env_credentials_store_the_variable_name_not_a_secret(world):
     # The gateway reads the variable when a call uses the credential.
     cred = factories.credential(
         tenant=world.tenant_a, agent=world.agent_a, secret=None,
-        value_env="DOWNSTREAM_ALPHA_TRANSLATOR_TOKEN"
+        value_env="DOWNSTREAM_ALPHA__TRANSLATOR_TOKEN"
     )
     cred.refresh_from_db()
-    assert (cred.value_env, cred.secret_ciphertext) == ("DOWNSTREAM_ALPHA_TRANSLATOR_TOKEN", None)
+    assert (cred.value_env, cred.secret_ciphertext) == ("DOWNSTREAM_ALPHA__TRANSLATOR_TOKEN", None)
 
 
 @pytest.mark.django_db
@@ -96,7 +96,7 @@ def test_header_credentials_cannot_target_gateway_owned_headers(world):
                                   "REDIS_URL", "HOME", "AWS_SECRET_ACCESS_KEY"])
 def test_a_credential_may_name_only_the_variables_lent_to_tenants(world, name):
     """value_env reads the gateway's environment, where the platform's own secrets are:
-    only names under REACH_CREDENTIAL_ENV (default DOWNSTREAM_*) are accepted."""
+    only names under REACH_CREDENTIAL_ENV (default DOWNSTREAM_{tenant}__*) are accepted."""
     client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
     refused = client.post("/api/v1/credentials/", {
         "agent": world.agent_a.pk, "kind": "header", "field_name": "X-Leak",
@@ -105,7 +105,7 @@ def test_a_credential_may_name_only_the_variables_lent_to_tenants(world, name):
     assert "value_env" in refused.json()["error"]["details"]
     accepted = client.post("/api/v1/credentials/", {
         "agent": world.agent_a.pk, "kind": "header", "field_name": "X-Lent",
-        "value_env": "DOWNSTREAM_ALPHA_TOKEN"}, format="json")
+        "value_env": "DOWNSTREAM_ALPHA__TOKEN"}, format="json")
     assert accepted.status_code == 201, accepted.content
     with override_settings(CREDENTIAL_ENV=["TEAM_*", "*"]):
         # An operator's "*" still lends none of the platform's own settings.
@@ -129,12 +129,15 @@ def test_names_lent_per_tenant_are_that_tenants_alone(world):
             "value_env": name}, format="json")
 
     alpha = world.tenant_a.slug.upper().replace("-", "_")
-    with override_settings(CREDENTIAL_ENV=["DOWNSTREAM_{tenant}__*"]):
-        assert create(world.tenant_a, f"DOWNSTREAM_{alpha}__TOKEN").status_code == 201
-        stolen = create(world.tenant_b, f"DOWNSTREAM_{alpha}__TOKEN")
-        assert stolen.status_code == 400, stolen.content
-        assert "value_env" in stolen.json()["error"]["details"]
-        assert create(world.tenant_b, "DOWNSTREAM_SHARED").status_code == 400
+    # The default lends per tenant: no operator setting needed.
+    assert create(world.tenant_a, f"DOWNSTREAM_{alpha}__TOKEN").status_code == 201
+    stolen = create(world.tenant_b, f"DOWNSTREAM_{alpha}__TOKEN")
+    assert stolen.status_code == 400, stolen.content
+    # The refusal names what beta may use, filled in for beta.
+    assert "DOWNSTREAM_BETA__*" in str(stolen.json()["error"]["details"]["value_env"])
+    assert create(world.tenant_b, "DOWNSTREAM_SHARED").status_code == 400
+    with override_settings(CREDENTIAL_ENV=["DOWNSTREAM_*"]):  # an operator shares them
+        assert create(world.tenant_b, "DOWNSTREAM_SHARED").status_code == 201
     patterns = ["DOWNSTREAM_{tenant}__*", "SHARED_*"]
     assert refusal("DOWNSTREAM_CLOUD_SALES__TOKEN", patterns, "cloud-sales") is None
     assert refusal("DOWNSTREAM_CLOUD_SALES__TOKEN", patterns, "cloud") is not None
@@ -165,8 +168,8 @@ def test_a_tool_may_name_only_the_variables_lent_to_tenants(world):
                                              "value_env": "REACH_SECRET_KEY"}, format="json")
     assert refused.status_code == 400, refused.content
     assert "value_env" in refused.json()["error"]["details"]
-    accepted = client.post("/api/v1/tools/", {**tool, "name": "lent",
-                                              "value_env": "DOWNSTREAM_TOOL_KEY"}, format="json")
+    accepted = client.post("/api/v1/tools/", {
+        **tool, "name": "lent", "value_env": "DOWNSTREAM_ALPHA__TOOL_KEY"}, format="json")
     assert accepted.status_code == 201, accepted.content
     assert list(Tool.objects.values_list("name", flat=True)) == ["lent"]
 
