@@ -292,6 +292,7 @@ class GatewayApp:
                                CLOSE_JOBS_S)
         if self.usage is not None:
             self.usage.close()  # after the last shipping: what is left stays on disk
+        self.pipeline.matching.close()
         closed = await self.caller.pools.close()
         logger.info("gateway stopped: %d background jobs, %d upstream sessions closed",
                     len(tasks), closed)
@@ -444,7 +445,7 @@ class GatewayApp:
         request_id = request.request_id
         feedback, query = self.route_feedback, scope.get("query_string", b"")
         try:
-            body = doors.dry_run(self.pipeline.decide, request,
+            body = await doors.dry_run(self.pipeline.decide, request,
                                  internal=self._internal(scope))
         except ReachError as error:
             if feedback is not None:

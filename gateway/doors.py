@@ -287,7 +287,7 @@ DRY_RUN_PARAMS = frozenset({"capability", "intent", "min_version", "src_lang", "
                             "format", "input_chars", "cost", "namespace"})
 
 
-def dry_run(decide, request: Request, *, internal: bool) -> dict:
+async def dry_run(decide, request: Request, *, internal: bool) -> dict:
     """Ranked candidates with every score component and each drop reason; calls nobody.
     ``decide(table, route, pick=False)`` is the pipeline's (an intent's matching is
     charged to its tenant's CPU share)."""
@@ -303,7 +303,7 @@ def dry_run(decide, request: Request, *, internal: bool) -> dict:
                                   for n in unknown[:20]})
     route = route_request(request.key.tenant_pk, query,
                           namespace=request.header(b"x-reach-namespace"), internal=internal)
-    decision = decide(table, route, pick=False)
+    decision = await decide(table, route, pick=False)
     explained = {"table_version": table.version, **decision.explain()}
     # The intent index covers every tenant's capabilities: name only those the caller
     # may see (its own, granted or public), in the matches, the plan and the answer.

@@ -57,7 +57,7 @@ from gateway.http_io import (
     sse_headers,
 )
 from gateway.inputs import Defaults, canonical_input
-from gateway.intent_cpu import IntentCpu
+from gateway.intent_cpu import IntentCpu, OffLoopMatching
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
 from gateway.sse import (
@@ -177,6 +177,7 @@ class Pipeline:
         self.router = router
         self.intent_cpu = IntentCpu(ms_per_s=config.intent_cpu_ms_per_s,
                                     burst_ms=config.intent_cpu_burst_ms)
+        self.matching = OffLoopMatching(self.intent_cpu)
         self.caller = caller
         self.defaults = Defaults()
         # None only to measure what admission and metering cost (bench/metering.py).
@@ -227,7 +228,7 @@ class Pipeline:
             ctx.restart_agent_clock()
             call = parse(request)
             ctx.intent = call.route.intent is not None and call.route.capability is None
-            candidate, payload = self._route(request.table, call, ctx)
+            candidate, payload = await self._route(request.table, call, ctx)
             if call.asynchronous is not None:
                 if ctx.idempotency_key is None:
                     return await self._submit(request, call, ctx, candidate)
@@ -270,7 +271,7 @@ class Pipeline:
         MCP tool call: ``scope``, its HTTP caller's): route, admit, open (the deadline,
         the one retry), read, meter. Raises ``ReachError``."""
         async with self._metered(ctx, scope):
-            candidate, payload = self._route(table, call, ctx)
+            candidate, payload = await self._route(table, call, ctx)
             await self._admit(table, call, ctx, candidate, payload)
             route_ms = (time.monotonic() - ctx.started) * 1000
             upstream = await self._open(table, call, candidate, payload, ctx, stream=False)
@@ -396,22 +397,20 @@ class Pipeline:
         longest = self.config.max_timeout_ms if call.stream else ctx.budget_ms
         return longest / 1000 + self.config.lease_margin_s
 
-    def decide(self, table: RouteTable, route: RouteRequest, **options):
-        """The router's decision; an intent's matching is charged to its tenant's share
-        of this process's CPU (``gateway.intent_cpu``), refused once that is spent."""
+    async def decide(self, table: RouteTable, route: RouteRequest, **options):
+        """The router's decision. An intent is matched off the event loop and charged to
+        its tenant's share of this process's CPU (``gateway.intent_cpu``), refused once
+        that is spent; the balancer's pick stays on the loop."""
         if route.intent is None or route.capability is not None:
             return self.router.route(table, route, **options)
-        buckets = self.intent_cpu.check(route.tenant_pk)
-        started = time.perf_counter()
-        try:
-            return self.router.route(table, route, **options)
-        finally:
-            self.intent_cpu.charge(buckets, (time.perf_counter() - started) * 1000)
+        match = await self.matching.run(route.tenant_pk,
+                                        functools.partial(self.router.match, table, route))
+        return self.router.route(table, route, match=match, **options)
 
-    def _route(self, table: RouteTable, call: Call, ctx: CallContext,
-               exclude: frozenset[int] = frozenset()) -> tuple[Candidate, dict]:
+    async def _route(self, table: RouteTable, call: Call, ctx: CallContext,
+                     exclude: frozenset[int] = frozenset()) -> tuple[Candidate, dict]:
         """Route and validate: the candidate and the input in the agent's own names."""
-        decision = self.decide(table, call.route, exclude=exclude)
+        decision = await self.decide(table, call.route, exclude=exclude)
         if decision.error in ("circuit_open", "no_healthy_instance"):
             # Offered to the caller but unreachable now: its metrics name the capability.
             ctx.capability_id = decision.capability
@@ -473,7 +472,7 @@ class Pipeline:
                     raise ReachError(failure.code, failure.message) from failure
                 previous = candidate
                 try:
-                    candidate, payload = self._route(table, call, ctx,
+                    candidate, payload = await self._route(table, call, ctx,
                                                      exclude=frozenset(ctx.attempts))
                 except ReachError:  # nowhere else to go: the first failure is the answer
                     raise ReachError(failure.code, failure.message) from failure

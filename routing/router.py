@@ -580,21 +580,31 @@ class Router:
             self._prepared[capability_id] = prepared
         return prepared
 
+    def match(self, table: RouteTable, request: RouteRequest) -> Match | None:
+        """What an intent matches among the capabilities its tenant may see; None while a
+        large fleet's first intent index is still being built (``follow``). This is the
+        CPU of an intent's decision, and it reads no balancer or breaker state, so the
+        gateway runs it off the event loop (``gateway.pipeline``)."""
+        index = self._index()
+        if index is None:
+            return None
+        allowed, home = self._allowed(index, table, request.tenant_pk)
+        return index.match(request.intent or "",
+                           learned=table.learned_by_tenant.get(request.tenant_pk, ()),
+                           allowed=allowed, home=home)
+
     def route(self, table: RouteTable, request: RouteRequest, *, pick: bool = True,
-              exclude: frozenset[int] = frozenset()) -> Decision:
+              exclude: frozenset[int] = frozenset(), match: Match | None = None) -> Decision:
         """Decide. ``pick=False`` ranks without advancing the balancer (a dry run);
-        ``exclude`` lists instances not to use (those a retry already tried)."""
+        ``exclude`` lists instances not to use (those a retry already tried); ``match``,
+        the intent's ``match`` when it was worked out already."""
         if request.capability:
             return self._route_capability(table, request, request.capability, (), pick=pick,
                                           exclude=exclude)
-        index = self._index()
-        if index is None:
-            # A large fleet's first intent index is still being built (``follow``).
+        if match is None:
+            match = self.match(table, request)
+        if match is None:
             return Decision(capability=None, chosen=None, error="service_unavailable")
-        allowed, home = self._allowed(index, table, request.tenant_pk)
-        match: Match = index.match(request.intent or "",
-                                   learned=table.learned_by_tenant.get(request.tenant_pk, ()),
-                                   allowed=allowed, home=home)
         # A plan is as sure as the step a call runs, its first (a re-test read a plan's
         # whole-request margin of 0.012 beside needs_confirmation false).
         sure = {"confidence": match.step_confidence[0] if match.plan else match.confidence,

@@ -40,6 +40,7 @@ from routing.table import (
 )
 
 TENANT_PK = 1
+OTHER_PK = TENANT_PK + 1
 _pk = itertools.count(100)
 
 
@@ -132,6 +133,23 @@ def route_table(agents: list[AgentEntry], *, quotas: tuple[QuotaEntry, ...] = ()
         quotas=types.MappingProxyType({q.pk: q for q in quotas}),
     ).indexed()
     return table, plaintext
+
+
+def two_tenants(endpoint: str):
+    """The scripted agents, public, and a key for each of two tenants (``TENANT_PK``
+    and ``OTHER_PK``, slug globex)."""
+    agents = [replace(a, visibility="public") for a in scripted_agents(endpoint)]
+    table, first = route_table(agents)
+    second, prefix, key_hash = keys.generate()
+    table = replace(
+        table,
+        tenants=types.MappingProxyType({**table.tenants,
+                                        OTHER_PK: TenantEntry(pk=OTHER_PK, slug="globex")}),
+        api_keys=types.MappingProxyType({**table.api_keys, 2: ApiKeyEntry(
+            pk=2, prefix=prefix, key_hash=key_hash, tenant_pk=OTHER_PK,
+            scopes=frozenset({"invoke"}))}),
+    ).indexed()
+    return table, first, second
 
 
 def quota(**kw) -> QuotaEntry:
