@@ -62,9 +62,10 @@ class Credentials:
                 "internal_error", "A downstream credential cannot be decrypted."
             ) from exc
 
-    def _file(self, path: str) -> str:
-        """``path`` resolved, if it lies in the operator's certificate directory."""
-        real = filerefs.resolved(path, self._files)
+    def _file(self, path: str, owner: str) -> str:
+        """``path`` resolved, if it lies in the certificate directory of the tenant
+        ``owner`` (its slug)."""
+        real = filerefs.resolved(path, self._files, owner)
         if real is not None and not _regular(real):
             # A FIFO or a device would block the load (and every call waiting on it).
             raise ReachError("service_unavailable", "A client certificate file of this "
@@ -75,12 +76,14 @@ class Credentials:
                              "call is outside this gateway's certificate directory.")
         return real
 
-    def _ssl_context(self, cert: str, key: str, key_env: str, ca_file: str) -> ssl.SSLContext:
+    def _ssl_context(self, cert: str, key: str, key_env: str, ca_file: str,
+                     owner: str) -> ssl.SSLContext:
         """A client context for mTLS. The key is a file, or an environment variable that
         holds a path or the PEM text itself (written to a private temporary file only for
         as long as ``load_cert_chain`` reads it: ssl loads keys from files only)."""
-        cert = self._file(cert)
-        context = ssl.create_default_context(cafile=self._file(ca_file) if ca_file else None)
+        cert = self._file(cert, owner)
+        context = ssl.create_default_context(
+            cafile=self._file(ca_file, owner) if ca_file else None)
         if key_env:
             value = os.environ.get(key_env, "")
             if not value:
@@ -95,7 +98,7 @@ class Credentials:
                     handle.flush()
                     context.load_cert_chain(cert, handle.name)
                 return context
-        context.load_cert_chain(cert, self._file(key) if key else None)
+        context.load_cert_chain(cert, self._file(key, owner) if key else None)
         return context
 
     def client_ssl(self, cert: str, key: str, key_env: str, ca_file: str,
@@ -103,7 +106,8 @@ class Credentials:
         """A client context for mTLS (cached): a credential's, or a tool's, of the tenant
         ``owner`` (its slug)."""
         try:
-            return self._ssl(cert, key, key_env and self._lent(key_env, owner), ca_file)
+            return self._ssl(cert, key, key_env and self._lent(key_env, owner), ca_file,
+                             owner)
         except (ssl.SSLError, OSError, ValueError):
             # Missing or non-PEM files, a key that does not fit: the operator's to fix.
             # Which file, and why, stays out of the caller's answer (host paths).

@@ -26,7 +26,8 @@ from fnmatch import fnmatchcase
 
 DEFAULT_PATTERNS = ("DOWNSTREAM_{tenant}__*",)
 # The platform's own configuration: never a tenant's, even under a pattern like ``*``.
-NEVER = ("REACH_*", "DATABASE_URL", "REDIS_URL", "CELERY_*", "DJANGO_*", "PROMETHEUS_*")
+NEVER = ("REACH_*", "DATABASE_URL", "REDIS_URL", "CELERY_*", "DJANGO_*", "PROMETHEUS_*",
+         "OTEL_*")
 _NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 

@@ -41,8 +41,10 @@ CREDENTIAL_KEYS = [
 # value_env (glob patterns; reach_core.envrefs): the platform's own are never lent.
 CREDENTIAL_ENV = env.list("REACH_CREDENTIAL_ENV", default=["DOWNSTREAM_{tenant}__*"])
 # The directory mTLS certificate, key and CA files of tenants' credentials and tools
-# must lie in (reach_core.filerefs); empty: none may be named.
-CREDENTIAL_FILES = env.str("REACH_CREDENTIAL_FILES", default="/etc/agent-reach/certs")
+# must lie in (reach_core.filerefs); {tenant}: the owning tenant's slug, so that by
+# default each tenant has a directory of its own; empty: none may be named.
+CREDENTIAL_FILES = env.str("REACH_CREDENTIAL_FILES",
+                           default="/etc/agent-reach/certs/{tenant}")
 
 ALLOWED_HOSTS = env.list("REACH_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("REACH_CSRF_TRUSTED_ORIGINS", default=[])

@@ -245,7 +245,7 @@ class Credential(models.Model):
                                                  owner)
         if why:
             errors["value_env"] = why
-        errors.update(filerefs.problems(self, settings.CREDENTIAL_FILES))
+        errors.update(filerefs.problems(self, settings.CREDENTIAL_FILES, owner))
         if errors:
             raise ValidationError(errors)
 

@@ -114,7 +114,7 @@ class Tool(models.Model):
                                                  owner)
         if why:
             problems["value_env"] = why
-        problems.update(filerefs.problems(self, settings.CREDENTIAL_FILES))
+        problems.update(filerefs.problems(self, settings.CREDENTIAL_FILES, owner))
         if problems:
             raise ValidationError(problems)
 

@@ -112,6 +112,25 @@ def _self_signed(directory):
     return str(directory / "client.crt"), str(directory / "client.key")
 
 
+def test_a_tenants_certificate_files_are_its_own_in_the_gateway(tmp_path):
+    """With {tenant} in the directory (the default), a credential of globex naming
+    acme's client certificate and key, in a row written past the API's check, is
+    refused by the gateway: the key would be presented as acme's identity."""
+    import ssl
+
+    from gateway.credentials import Credentials
+    from reach_core.errors import ReachError
+
+    cert, key = _self_signed(tmp_path / "acme")
+    credentials = Credentials((), files=str(tmp_path / "{tenant}"))
+    assert isinstance(credentials.client_ssl(cert, key, "", "", "acme"), ssl.SSLContext)
+    for owner in ("globex", "", "Acme", "acme/.."):
+        with pytest.raises(ReachError) as refused:
+            credentials.client_ssl(cert, key, "", "", owner)
+        assert refused.value.code == "service_unavailable"
+        assert str(tmp_path) not in refused.value.message
+
+
 def test_the_gateway_reads_certificate_files_only_inside_its_directory(tmp_path):
     """Whatever the table holds (a row written past the API's check), the gateway loads
     a tenant's mTLS files only from its certificate directory, links resolved: else a

@@ -587,7 +587,8 @@ def test_a_secret_echoed_in_any_common_encoding_is_redacted(secret):
               json.dumps(dump)[1:-1], json.dumps(json.dumps(secret, ensure_ascii=False))[1:-1],
               base64.b64encode(secret.encode()).decode(),
               base64.urlsafe_b64encode(secret.encode()).decode().rstrip("="),
-              secret.encode().hex(), "".join(f"&#{ord(c)};" for c in secret),
+              secret.encode().hex(), secret.encode().hex().upper(),
+              "".join(f"&#{ord(c)};" for c in secret),
               html.escape(secret)]
     for echo in echoes:
         answer = ('{"seen": "before ' + echo + ' after"}').encode()

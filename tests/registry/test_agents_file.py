@@ -56,8 +56,8 @@ def test_the_field_reports_two_agents_are_created_as_written(owner):
     assert not header.secret_ciphertext  # a reference, never a secret
     cert = Credential.objects.get(agent=internal)
     assert (cert.kind, cert.value_env, cert.client_cert_path, cert.ca_file) == (
-        "mtls", "DOWNSTREAM_OPS__INTERNAL_CLIENT_KEY", "/etc/agent-reach/certs/client.crt",
-        "/etc/agent-reach/certs/ca.pem")
+        "mtls", "DOWNSTREAM_OPS__INTERNAL_CLIENT_KEY", "/etc/agent-reach/certs/ops/client.crt",
+        "/etc/agent-reach/certs/ops/ca.pem")
     assert cloud.managed and internal.managed
     # Applying it again changes nothing.
     assert "0 to create, 0 to update, 2 unchanged" in run(TWO_AGENTS, "--tenant", "ops")

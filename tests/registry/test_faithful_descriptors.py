@@ -68,9 +68,10 @@ def test_an_operators_agent_entry_round_trips(registrar, world, form):
 
 @pytest.mark.django_db
 def test_a_cert_entry_becomes_the_owners_mtls_credential_reference(registrar, world):
-    # The example names the variable lent to tenant ops; the registrar here is alpha.
+    # The example names the variable and files lent to tenant ops; the registrar is alpha.
     response = register(registrar, (EXAMPLES / "field-report.agents.yaml").read_text()
-                        .replace("DOWNSTREAM_OPS__", "DOWNSTREAM_ALPHA__"))
+                        .replace("DOWNSTREAM_OPS__", "DOWNSTREAM_ALPHA__")
+                        .replace("/certs/ops/", "/certs/alpha/"))
 
     assert response.status_code == 201, response.json()
     agent = Agent.objects.get(name="internal-order-agent")
@@ -80,9 +81,9 @@ def test_a_cert_entry_becomes_the_owners_mtls_credential_reference(registrar, wo
     credential = Credential.objects.get(agent=agent)
     assert credential.tenant == world.tenant_a
     assert (credential.kind, credential.client_cert_path, credential.value_env,
-            credential.ca_file) == ("mtls", "/etc/agent-reach/certs/client.crt",
+            credential.ca_file) == ("mtls", "/etc/agent-reach/certs/alpha/client.crt",
                                     "DOWNSTREAM_ALPHA__INTERNAL_CLIENT_KEY",
-                                    "/etc/agent-reach/certs/ca.pem")
+                                    "/etc/agent-reach/certs/alpha/ca.pem")
 
 
 @pytest.mark.django_db

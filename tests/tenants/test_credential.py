@@ -93,6 +93,7 @@ def test_header_credentials_cannot_target_gateway_owned_headers(world):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ["REACH_CREDENTIAL_KEYS", "REACH_SECRET_KEY", "DATABASE_URL",
+                                  "OTEL_EXPORTER_OTLP_HEADERS",
                                   "REDIS_URL", "HOME", "AWS_SECRET_ACCESS_KEY"])
 def test_a_credential_may_name_only_the_variables_lent_to_tenants(world, name):
     """value_env reads the gateway's environment, where the platform's own secrets are:
@@ -188,17 +189,21 @@ def test_a_tool_names_a_variable_not_a_pattern_and_has_a_secret(world):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["/etc/ssl/private/ssl-cert-snakeoil.key",
-                                  "/etc/agent-reach/certs/../../shadow",
-                                  "/etc/agent-reach/certs//a.pem", "certs/client.pem",
-                                  "/etc/agent-reach/certsX/a.pem"])
-def test_certificate_files_are_named_only_inside_the_operators_directory(world, path):
-    """A tenant's mTLS files are the gateway host's files: only those under
-    REACH_CREDENTIAL_FILES (default /etc/agent-reach/certs) may be named, by a
-    credential or a tool, in every field."""
+                                  "/etc/agent-reach/certs/alpha/../../shadow",
+                                  "/etc/agent-reach/certs/alpha//a.pem", "certs/client.pem",
+                                  "/etc/agent-reach/certs/alphaX/a.pem",
+                                  "/etc/agent-reach/certs/beta/client.pem",
+                                  "/etc/agent-reach/certs/client.pem"])
+def test_certificate_files_are_named_only_inside_the_tenants_directory(world, path):
+    """A tenant's mTLS files are the gateway host's files: only those under its own
+    directory, REACH_CREDENTIAL_FILES with {tenant} its slug (default
+    /etc/agent-reach/certs/{tenant}), may be named, by a credential or a tool, in every
+    field (a break test had tenant beta name alpha's client key and present alpha's
+    identity to alpha's mTLS service)."""
     from tools.models import Tool
 
     client = key_client(factories.api_key(tenant=world.tenant_a).plaintext)
-    inside = "/etc/agent-reach/certs/team-a/client.pem"
+    inside = "/etc/agent-reach/certs/alpha/client.pem"
     for field in ("client_cert_path", "client_key_path", "ca_file"):
         paths = {"client_cert_path": inside, "client_key_path": inside, field: path}
         refused = client.post("/api/v1/credentials/", {
@@ -213,7 +218,8 @@ def test_certificate_files_are_named_only_inside_the_operators_directory(world, 
     assert not Credential.objects.exists() and not Tool.objects.exists()
     accepted = client.post("/api/v1/credentials/", {
         "agent": world.agent_a.pk, "kind": "mtls", "client_cert_path": inside,
-        "client_key_path": inside, "ca_file": "/etc/agent-reach/certs/ca.pem"}, format="json")
+        "client_key_path": inside, "ca_file": "/etc/agent-reach/certs/alpha/ca.pem"},
+        format="json")
     assert accepted.status_code == 201, accepted.content
     with override_settings(CREDENTIAL_FILES="/srv/certs"):
         moved = client.post("/api/v1/tools/", {
