@@ -58,13 +58,14 @@ class Namespace(models.Model):
 
 class AgentQuerySet(TenantScopedQuerySet):
     def visible_to(self, tenant_ids):
-        """Agents a tenant may discover: its own, public ones, and those granted to it."""
+        """Agents a tenant may discover: its own, public ones, and those granted to it
+        (grants it accepted; an offer shows nothing)."""
         if tenant_ids is None:
             return self
         ids = list(tenant_ids)
-        granted = models.Q(grants__tenant_id__in=ids) | models.Q(
-            capabilities__grants__tenant_id__in=ids
-        )
+        granted = models.Q(grants__tenant_id__in=ids, grants__accepted_at__isnull=False) | \
+            models.Q(capabilities__grants__tenant_id__in=ids,
+                     capabilities__grants__accepted_at__isnull=False)
         return self.filter(
             models.Q(owner_tenant_id__in=ids) | models.Q(visibility=Visibility.PUBLIC) | granted
         ).distinct()

@@ -252,7 +252,9 @@ def api_key_entry(k: ApiKey) -> ApiKeyEntry | None:
     )
 
 
-def grant_entry(g: Grant) -> GrantEntry:
+def grant_entry(g: Grant) -> GrantEntry | None:
+    if g.accepted_at is None:  # offered: nothing until the grantee accepts it
+        return None
     return GrantEntry(
         pk=g.pk, tenant_pk=g.tenant_id, agent_pk=g.agent_id, capability_pk=g.capability_id
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from audit.models import AuditAction
 from reach_platform.admin_base import (
@@ -14,7 +15,12 @@ from reach_platform.admin_base import (
 from tenants.choices import ApiKeyScope
 from tenants.models import ApiKey, Credential, Grant, Membership, Quota, Tenant
 from tenants.principal import principal_for_request
-from tenants.services import api_key_issue, api_key_revoke, credential_set_secret
+from tenants.services import (
+    api_key_issue,
+    api_key_revoke,
+    credential_set_secret,
+    grant_accept,
+)
 
 
 class MembershipInline(admin.TabularInline):
@@ -127,11 +133,37 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
 @admin.register(Grant)
 class GrantAdmin(TenantScopedAdmin):
-    list_display = ["tenant", "agent", "capability", "created_at"]
+    list_display = ["tenant", "agent", "capability", "created_at", "accepted_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["tenant__slug", "agent__name", "capability__capability_id"]
     autocomplete_fields = ["agent", "capability"]
+    # Only the grantee's acceptance sets it (``accept``), never the owner's form.
+    readonly_fields = ["accepted_at"]
+    actions = ["accept"]
+
+    def save_model(self, request, obj, form, change):
+        if not change:  # an offer, unless whoever gives it manages the grantee too
+            grantee_consents = principal_for_request(request).can_manage(obj.tenant_id)
+            obj.accepted_at = timezone.now() if grantee_consents else None
+        super().save_model(request, obj, form, change)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # The grantee may give a grant up.
+        if obj is not None and principal_for_request(request).can_manage(obj.tenant_id):
+            return True
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Accept the selected grants offered to your tenants")
+    def accept(self, request, queryset):
+        principal = principal_for_request(request)
+        accepted = 0
+        for grant in queryset:
+            if grant.accepted_at is None and principal.can_manage(grant.tenant_id):
+                grant_accept(grant=grant)
+                audit_admin_write(request, grant, AuditAction.ACTION, None)
+                accepted += 1
+        self.message_user(request, f"Accepted {accepted} grant(s).", messages.SUCCESS)
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         # The grantee may be any tenant: granting is how agents cross tenants.

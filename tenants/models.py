@@ -114,7 +114,11 @@ class ApiKey(models.Model):
 class Grant(models.Model):
     """Tenant ``tenant`` may reach ``agent`` (all its capabilities) or one ``capability``.
 
-    The agent's owner gives and takes grants; the grantee sees them.
+    The agent's owner gives and takes grants; the grantee sees them, accepts them and may
+    give them up. A grant the owner gives on its own is an offer (``accepted_at`` empty)
+    until the grantee accepts it: a granted agent counts as the grantee's own in routing,
+    so an unasked grant let a tenant publish an agent under another's capability id and
+    draw that tenant's calls, inputs and bills to it (a break test).
     """
 
     tenant_path = "agent__owner_tenant_id"
@@ -131,6 +135,10 @@ class Grant(models.Model):
         related_name="grants",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    accepted_at = models.DateTimeField(
+        null=True, blank=True, default=timezone.now,
+        help_text="When the grantee accepted the grant; empty: offered, not yet in force.",
+    )
 
     objects = TenantScopedQuerySet.as_manager()
 

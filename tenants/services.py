@@ -12,7 +12,7 @@ from django.utils import timezone
 from reach_core import keys
 from tenants import crypto
 from tenants.choices import ApiKeyScope
-from tenants.models import ApiKey, Credential, Tenant
+from tenants.models import ApiKey, Credential, Grant, Tenant
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,14 @@ def api_key_revoke(*, api_key: ApiKey, now: datetime | None = None) -> ApiKey:
         api_key.revoked_at = now or timezone.now()
         api_key.save(update_fields=["revoked_at"])
     return api_key
+
+
+def grant_accept(*, grant: Grant, now: datetime | None = None) -> Grant:
+    """Put an offered grant in force (the grantee's consent); an accepted one stays as is."""
+    if grant.accepted_at is None:
+        grant.accepted_at = now or timezone.now()
+        grant.save(update_fields=["accepted_at"])
+    return grant
 
 
 def api_key_authenticate(*, plaintext: str, now: datetime | None = None) -> ApiKey | str:

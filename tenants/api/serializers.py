@@ -105,8 +105,8 @@ class GrantSerializer(CleanModelSerializer):
 
     class Meta:
         model = Grant
-        fields = ["id", "tenant", "agent", "capability", "created_at"]
-        read_only_fields = ["id", "created_at"]
+        fields = ["id", "tenant", "agent", "capability", "created_at", "accepted_at"]
+        read_only_fields = ["id", "created_at", "accepted_at"]
         # DRF makes the fields of each unique constraint required, so a grant of an agent
         # had to say "capability": null (a re-test found it); the one check is below.
         validators = []

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
@@ -18,7 +19,7 @@ from tenants.api.serializers import (
     TenantSerializer,
 )
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
-from tenants.services import api_key_create, api_key_revoke
+from tenants.services import api_key_create, api_key_revoke, grant_accept
 
 
 class TenantViewSet(TenantScopedViewSet):
@@ -77,11 +78,40 @@ class ApiKeyViewSet(TenantScopedViewSet):
 
 
 class GrantViewSet(TenantScopedViewSet):
-    """Grants: the agent's owner lets another tenant reach an agent or one capability."""
+    """Grants: the agent's owner offers another tenant an agent or one capability; the
+    offer is in force once the grantee accepts it (``POST .../accept/``), at once when
+    the caller manages both tenants. Either side may delete a grant."""
 
     queryset = Grant.objects.select_related("tenant", "agent", "capability__agent")
     serializer_class = GrantSerializer
     http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def check_object_permissions(self, request, obj):
+        # The grantee gives a grant up, or accepts it, without managing the agent.
+        if self.action in ("destroy", "accept") and self.principal.agent_pk is None \
+                and self.principal.can_manage(obj.tenant_id):
+            return
+        super().check_object_permissions(request, obj)
+
+    def perform_create(self, serializer):
+        grantee = serializer.validated_data["tenant"]
+        serializer.validated_data["accepted_at"] = (
+            timezone.now() if self.principal.can_manage(grantee.pk) else None)
+        super().perform_create(serializer)
+
+    @extend_schema(request=None, responses={200: GrantSerializer})
+    @action(detail=True, methods=["post"])
+    @transaction.atomic
+    def accept(self, request, pk=None):
+        grant = self.get_object()
+        if not self.principal.can_manage(grant.tenant_id):
+            self.permission_denied(request, "Only the grantee accepts a grant.")
+        grant_accept(grant=grant)
+        audit_record(
+            principal=self.principal, source=AuditSource.API, action=AuditAction.ACTION,
+            obj=grant, changes={"accepted_at": grant.accepted_at.isoformat()},
+        )
+        return Response(self.get_serializer(grant).data)
 
 
 class CredentialViewSet(TenantScopedViewSet):

@@ -1,0 +1,95 @@
+"""A grant is an offer until the grantee accepts it.
+
+A granted agent counts as the grantee's own in routing (own first). When the owner's
+grant took effect at once, a break test had tenant beta register an agent under alpha's
+private capability id, grant it to alpha, and draw 8 of alpha's 10 calls to it, inputs
+and all, billed at beta's price; alpha could not even delete the grant."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.models import Agent
+from registry.snapshot import build_table
+from routing.router import Router, RouteRequest
+from tenants.choices import ApiKeyScope
+from tenants.models import Grant
+from tests import factories
+from tests.conftest import key_client
+
+ALL = [ApiKeyScope.MANAGE, ApiKeyScope.REGISTER, ApiKeyScope.READ]
+
+
+def chosen_agents(tenant_pk: int, capability_id: str) -> set[str]:
+    decision = Router().route(build_table(), RouteRequest(tenant_pk=tenant_pk,
+                                                          capability=capability_id), pick=False)
+    return {c.agent.name for c in decision.candidates}
+
+
+@pytest.mark.django_db
+def test_an_unasked_grant_draws_none_of_the_grantees_calls_until_accepted(world):
+    payroll = factories.capability(agent=world.agent_a, capability_id="alpha.payroll")
+    factories.instance(agent=world.agent_a)
+    alpha = key_client(factories.api_key(tenant=world.tenant_a, scopes=ALL).plaintext)
+    beta = key_client(factories.api_key(tenant=world.tenant_b, scopes=ALL).plaintext)
+    hijack = beta.post("/api/v1/agents/register", {
+        "agent_id": "beta-hijack", "version": "1.0.0",
+        "reach": {"protocol": "http", "endpoint": "http://127.0.0.1:19411/", "weight": 1000},
+        "capabilities": [{"id": payroll.capability_id, "path": "/hijack"}]}, format="json")
+    assert hijack.status_code == 201, hijack.content
+    agent_pk = Agent.objects.get(name="beta-hijack").pk
+
+    offered = beta.post("/api/v1/grants/", {"tenant": "alpha", "agent": agent_pk},
+                        format="json")
+
+    assert offered.status_code == 201, offered.content
+    assert offered.json()["accepted_at"] is None  # an offer
+    assert chosen_agents(world.tenant_a.pk, "alpha.payroll") == {world.agent_a.name}
+    seen = [a["id"] for a in alpha.get("/api/v1/agents/").json()["results"]]
+    assert agent_pk not in seen  # not even shown
+    grant = offered.json()["id"]
+    # Only the grantee accepts: the giver cannot accept on its behalf.
+    assert beta.post(f"/api/v1/grants/{grant}/accept/").status_code == 403
+    assert Grant.objects.get(pk=grant).accepted_at is None
+
+    accepted = alpha.post(f"/api/v1/grants/{grant}/accept/")
+
+    assert accepted.status_code == 200, accepted.content
+    assert accepted.json()["accepted_at"] is not None
+    assert "beta-hijack" in chosen_agents(world.tenant_a.pk, "alpha.payroll")
+    # ...and the grantee may give it up again.
+    assert alpha.delete(f"/api/v1/grants/{grant}/").status_code == 204
+    assert chosen_agents(world.tenant_a.pk, "alpha.payroll") == {world.agent_a.name}
+
+
+@pytest.mark.django_db
+def test_a_grant_given_by_whoever_manages_both_tenants_is_in_force_at_once(world):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_login(world.superuser)
+    given = api.post("/api/v1/grants/", {"tenant": "beta", "agent": world.agent_a.pk},
+                     format="json")
+    assert given.status_code == 201, given.content
+    assert given.json()["accepted_at"] is not None
+    assert any(g.agent_pk == world.agent_a.pk for g in build_table().grants.values())
+
+
+@pytest.mark.django_db
+def test_in_the_admin_the_owner_offers_and_only_the_grantee_accepts(world, client):
+    client.force_login(world.outsider)  # beta's admin offers beta's agent to alpha
+    added = client.post("/admin/tenants/grant/add/", {
+        "tenant": world.tenant_a.pk, "agent": world.agent_b.pk, "accepted_at": "2020-01-01"})
+    assert added.status_code == 302, added.content.decode()[:2000]
+    grant = Grant.objects.get(tenant=world.tenant_a, agent=world.agent_b)
+    assert grant.accepted_at is None  # the form cannot set it either
+    action = {"action": "accept", "_selected_action": [grant.pk]}
+    client.post("/admin/tenants/grant/", action)
+    grant.refresh_from_db()
+    assert grant.accepted_at is None  # beta cannot accept for alpha
+
+    client.force_login(world.owner)
+    client.post("/admin/tenants/grant/", action)
+
+    grant.refresh_from_db()
+    assert grant.accepted_at is not None
