@@ -645,6 +645,12 @@ class GatewayApp:
                             [(b"retry-after", b"2")])
 
     async def _metrics(self, request_id, scope, receive, send) -> str:
+        # Every tenant's names and volumes: not for whoever can reach the gateway's port
+        # (a break test read them with no key where tenants call the same port).
+        if not self.config.may_read_metrics((scope.get("client") or (None,))[0],
+                                            header(scope, b"authorization")):
+            raise ReachError("forbidden", "Metrics are served to REACH_METRICS_NETWORKS, or "
+                             "with the bearer token REACH_METRICS_TOKEN.")
         self.refresh_gauges()
         await send_bytes(send, 200, exposition(), request_id,
                          content_type=CONTENT_TYPE_LATEST.encode())

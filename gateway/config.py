@@ -6,6 +6,7 @@ this from them, and tests build it directly.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -72,10 +73,24 @@ class GatewayConfig:
                                  ipaddress.ip_network("::1/128"))
     )
 
+    # Who may read /metrics (tenant, agent and capability names of every tenant, and
+    # their volumes): callers from these networks, or presenting ``metrics_token``.
+    metrics_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
+        default_factory=lambda: (ipaddress.ip_network("127.0.0.0/8"),
+                                 ipaddress.ip_network("::1/128"))
+    )
+    metrics_token: str = ""
+
     def is_internal(self, address: str | None) -> bool:
         if not address:
             return False
         return _in_networks(address, self.internal_networks)
+
+    def may_read_metrics(self, address: str | None, authorization: str | None) -> bool:
+        if self.metrics_token and authorization is not None and hmac.compare_digest(
+                authorization.encode(), f"Bearer {self.metrics_token}".encode()):
+            return True
+        return bool(address) and _in_networks(address, self.metrics_networks)
 
 
 @lru_cache(maxsize=4096)

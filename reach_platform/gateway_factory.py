@@ -63,6 +63,7 @@ def gateway_config() -> GatewayConfig:
         body_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
         stream_idle_timeout_s=settings.GATEWAY_STREAM_IDLE_S,
         internal_networks=settings.GATEWAY_INTERNAL_NETWORKS,
+        metrics_networks=settings.METRICS_NETWORKS, metrics_token=settings.METRICS_TOKEN,
         max_in_flight=settings.GATEWAY_MAX_IN_FLIGHT,
         tenant_share=settings.GATEWAY_TENANT_SHARE,
         intent_cpu_ms_per_s=settings.GATEWAY_INTENT_CPU_MS_PER_S,

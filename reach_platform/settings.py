@@ -402,6 +402,14 @@ GATEWAY_INTERNAL_NETWORKS = tuple(
     for n in env.list("REACH_INTERNAL_NETWORKS", default=["127.0.0.0/8", "::1/128"])
 )
 
+# Who may read a gateway's /metrics (every tenant's names and volumes): these source
+# networks, or any caller presenting REACH_METRICS_TOKEN as a bearer token.
+METRICS_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in env.list("REACH_METRICS_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+)
+METRICS_TOKEN = env.str("REACH_METRICS_TOKEN", default="")
+
 # Rate limits when Redis is unreachable (counted in reach_limits_degraded_total): true
 # keeps each limit with a bucket per gateway process (at most rate x processes pass);
 # false refuses the calls.
