@@ -157,17 +157,24 @@ def _upsert_credential(agent: Agent, spec: CredentialSpec) -> Credential:
         setattr(row, name, getattr(spec, name))
     if spec.value_env:
         row.secret_ciphertext = None  # the environment variable is the secret now
-    _clean(row, "auth")
+    _clean(row, "auth", _MTLS_NAMES if spec.kind == "mtls" else {})
     row.save()
     return row
 
 
-def _clean(row, path: str) -> None:
+# A certificate's fields as a descriptor's ``auth`` block names them, for its errors.
+_MTLS_NAMES = {"value_env": "client_key_env", "client_cert_path": "client_cert",
+               "client_key_path": "client_key"}
+
+
+def _clean(row, path: str, names: dict[str, str] | None = None) -> None:
     try:
         row.full_clean(validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
+        names = names or {}
         raise DescriptorError(
-            {f"{path}{'.' if path else ''}{f}": list(m) for f, m in exc.message_dict.items()}
+            {f"{path}{'.' if path else ''}{names.get(f, f)}": list(m)
+             for f, m in exc.message_dict.items()}
         ) from exc
 
 

@@ -93,8 +93,9 @@ class AgentSerializer(CleanModelSerializer):
     instances = InstanceSerializer(many=True, read_only=True)
     credentials = serializers.SerializerMethodField(
         help_text="Your tenants' credential references for this agent (never the secrets).")
-    descriptor = serializers.JSONField(
-        read_only=True, help_text="The last descriptor registered, as it was sent.")
+    descriptor = serializers.SerializerMethodField(
+        help_text="The last descriptor registered, as it was sent (to other tenants "
+                  "without its auth blocks).")
 
     @extend_schema_field(AgentCredentialSerializer(many=True))
     def get_credentials(self, agent: Agent) -> list[dict]:
@@ -105,6 +106,16 @@ class AgentSerializer(CleanModelSerializer):
         rows = [c for c in agent.credentials.all()
                 if readable is None or c.tenant_id in readable]
         return AgentCredentialSerializer(rows, many=True).data
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_descriptor(self, agent: Agent):
+        request = self.context.get("request")
+        readable = principal_for_request(request).tenant_ids if request is not None else ()
+        if readable is None or agent.owner_tenant_id in readable:
+            return agent.descriptor
+        # A grantee or a public agent's reader: the owner's credential references (the
+        # variable names and file paths of its secrets) are the owner's business.
+        return _without_auth(agent.descriptor)
 
     class Meta:
         model = Agent
@@ -120,6 +131,14 @@ class AgentSerializer(CleanModelSerializer):
         read_only_fields = ["id", "created_at", "updated_at"]
 
 
+
+
+def _without_auth(value):
+    if isinstance(value, dict):
+        return {k: _without_auth(v) for k, v in value.items() if k != "auth"}
+    if isinstance(value, list):
+        return [_without_auth(v) for v in value]
+    return value
 
 
 class ParameterSynonymSerializer(CleanModelSerializer):

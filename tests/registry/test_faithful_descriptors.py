@@ -197,3 +197,37 @@ def test_a_refused_endpoint_is_reported_where_the_yaml_author_wrote_it(registrar
 
     assert response.status_code == 400
     assert list(response.json()["error"]["details"]) == ["endpoint"]
+
+
+@pytest.mark.django_db
+def test_another_tenant_reads_the_descriptor_without_its_auth_block(registrar, world):
+    """A grantee (or any reader of a public agent) sees how to call the agent, not the
+    owner's credential references (helper-40 read value_env: DOWNSTREAM_ALPHA__… from a
+    granted agent's descriptor)."""
+    from tenants.models import Grant
+
+    created = register(registrar, SALES_ENTRY)
+    agent_pk = created.json()["agent"]["id"]
+    Grant.objects.create(tenant=world.tenant_b, agent_id=agent_pk)
+    beta = key_client(factories.api_key(tenant=world.tenant_b,
+                                        scopes=[ApiKeyScope.READ]).plaintext)
+
+    seen = beta.get(f"/api/v1/agents/{agent_pk}/")
+
+    assert seen.status_code == 200, seen.content
+    assert seen.json()["descriptor"] == {k: v for k, v in SALES_ENTRY.items() if k != "auth"}
+    assert "DOWNSTREAM_" not in seen.content.decode()
+    assert registrar.get(f"/api/v1/agents/{agent_pk}/").json()["descriptor"] == SALES_ENTRY
+
+
+@pytest.mark.django_db
+def test_a_refused_certificate_field_is_named_as_the_descriptor_names_it(registrar):
+    entry = {**SALES_ENTRY, "auth": {
+        "type": "cert", "client_cert": "/etc/agent-reach/certs/beta/client.crt",
+        "client_key_env": "DOWNSTREAM_BETA__KEY"}}
+
+    response = register(registrar, entry)
+
+    assert response.status_code == 400, response.json()
+    details = response.json()["error"]["details"]
+    assert {"auth.client_cert", "auth.client_key_env"} <= set(details), details
