@@ -138,6 +138,7 @@ def test_the_procfile_layout_serves_calls_through_both_gateways(tmp_path):
                        REACH_CREDENTIAL_KEYS=Fernet.generate_key().decode(),
                        REACH_DATA_DIR=str(tmp_path / "var"), REACH_LOG_LEVEL="INFO",
                        REACH_INTENT_EMBEDDER="lexical", API_WORKERS="1",
+                       REACH_METRICS_NETWORKS="10.0.0.0/8", REACH_METRICS_TOKEN="scrape-me",
                        WORKER_CONCURRENCY="4", PYTHONUNBUFFERED="1",
                        REACH_OWN_PORTS=",".join(str(p) for p in ports.values()),
                        **{k: str(v) for k, v in ports.items()})
@@ -181,6 +182,13 @@ def test_the_procfile_layout_serves_calls_through_both_gateways(tmp_path):
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["output"]["echo"]["via"] == base
                 request_ids.append(rid)
+            # Metrics: not to a local process posing as the metrics network (uvicorn's
+            # default believes X-Forwarded-For from 127.0.0.1); to the token.
+            spoofed = httpx.get(f"{gateways[0]}/metrics", timeout=10,
+                                headers={"X-Forwarded-For": "10.1.2.3"})
+            assert spoofed.status_code == 403, spoofed.text[:300]
+            assert httpx.get(f"{gateways[0]}/metrics", timeout=10, headers={
+                "Authorization": "Bearer scrape-me"}).status_code == 200
             # The API process serves no gateway, and the gateways no API.
             assert httpx.post(f"{api}/v1/invoke", headers=headers, json={},
                               timeout=10).status_code == 404

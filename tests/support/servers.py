@@ -112,4 +112,5 @@ def uvicorn_args(port: int, app: str = ALL_IN_ONE) -> list[str]:
         "-m", "uvicorn", app, "--host", "127.0.0.1",
         "--port", str(port), "--lifespan", "on", "--log-level", "warning",
         "--http", "reach_platform.http_protocol:GuardedHttpToolsProtocol",
+        "--no-proxy-headers",
     ]
