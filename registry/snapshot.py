@@ -256,7 +256,8 @@ def grant_entry(g: Grant) -> GrantEntry | None:
     if g.accepted_at is None:  # offered: nothing until the grantee accepts it
         return None
     return GrantEntry(
-        pk=g.pk, tenant_pk=g.tenant_id, agent_pk=g.agent_id, capability_pk=g.capability_id
+        pk=g.pk, tenant_pk=g.tenant_id, agent_pk=g.agent_id, capability_pk=g.capability_id,
+        capability_ids=frozenset(g.accepted_capabilities or ()),
     )
 
 

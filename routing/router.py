@@ -315,9 +315,11 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def _granted(table: RouteTable, tenant_pk: int, agent: AgentEntry,
              capability: CapabilityEntry) -> bool:
-    """Whether the tenant holds a grant on the agent or on the capability."""
+    """Whether the tenant holds a grant on the agent or on the capability, accepted for
+    this capability id."""
     return any(
         g.tenant_pk == tenant_pk and (g.agent_pk == agent.pk or g.capability_pk == capability.pk)
+        and capability.capability_id in g.capability_ids
         for g in table.grants_by_tenant.get(tenant_pk, ())
     )
 

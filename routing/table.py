@@ -162,6 +162,14 @@ class GrantEntry:
     tenant_pk: int
     agent_pk: int | None = None
     capability_pk: int | None = None
+    # The capability ids the grantee accepted: an agent that offers more later, or a
+    # capability renamed, is not granted those (a re-test: one accepted grant let the
+    # giver rename its capability to the grantee's own id and take its calls).
+    capability_ids: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capability_ids, frozenset):
+            object.__setattr__(self, "capability_ids", frozenset(self.capability_ids))
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,11 @@ class Grant(models.Model):
         null=True, blank=True, default=timezone.now,
         help_text="When the grantee accepted the grant; empty: offered, not yet in force.",
     )
+    accepted_capabilities = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="The capability ids the grant covered when accepted: what the agent "
+                  "offers later, or a capability renamed, needs accepting again.",
+    )
 
     objects = TenantScopedQuerySet.as_manager()
 
@@ -163,6 +168,23 @@ class Grant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} → {self.agent or self.capability}"
+
+    def save(self, *args, **kwargs):
+        # Accepted (by the grantee's consent or by an operator) without saying what:
+        # what is offered now, never whatever the agent offers later.
+        if self.accepted_at is not None and self.accepted_capabilities is None:
+            self.accepted_capabilities = self.offered_capabilities()
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "accepted_capabilities"}
+        super().save(*args, **kwargs)
+
+    def offered_capabilities(self) -> list[str]:
+        """The capability ids the grant would cover if accepted now."""
+        if self.capability_id is not None:
+            return [self.capability.capability_id]
+        if self.agent_id is not None:
+            return sorted(self.agent.capabilities.values_list("capability_id", flat=True))
+        return []  # neither: refused by ``clean`` and the check constraint
 
     def owning_tenant_id(self) -> int | None:
         if self.agent_id:

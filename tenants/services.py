@@ -57,10 +57,11 @@ def api_key_revoke(*, api_key: ApiKey, now: datetime | None = None) -> ApiKey:
 
 
 def grant_accept(*, grant: Grant, now: datetime | None = None) -> Grant:
-    """Put an offered grant in force (the grantee's consent); an accepted one stays as is."""
-    if grant.accepted_at is None:
-        grant.accepted_at = now or timezone.now()
-        grant.save(update_fields=["accepted_at"])
+    """Put a grant in force for what it offers now (the grantee's consent): an offer, or
+    an accepted grant whose agent offers more since (or whose capability was renamed)."""
+    grant.accepted_at = now or timezone.now()
+    grant.accepted_capabilities = grant.offered_capabilities()
+    grant.save(update_fields=["accepted_at", "accepted_capabilities"])
     return grant
 
 

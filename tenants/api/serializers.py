@@ -105,8 +105,9 @@ class GrantSerializer(CleanModelSerializer):
 
     class Meta:
         model = Grant
-        fields = ["id", "tenant", "agent", "capability", "created_at", "accepted_at"]
-        read_only_fields = ["id", "created_at", "accepted_at"]
+        fields = ["id", "tenant", "agent", "capability", "created_at", "accepted_at",
+                  "accepted_capabilities"]
+        read_only_fields = ["id", "created_at", "accepted_at", "accepted_capabilities"]
         # DRF makes the fields of each unique constraint required, so a grant of an agent
         # had to say "capability": null (a re-test found it); the one check is below.
         validators = []

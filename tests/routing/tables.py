@@ -41,6 +41,8 @@ def table(*agents: AgentEntry, grants: tuple[GrantEntry, ...] = ()) -> RouteTabl
     ).indexed()
 
 
-def grant(tenant: int, *, agent_pk=None, capability_pk=None) -> GrantEntry:
+def grant(tenant: int, *, agent_pk=None, capability_pk=None,
+          ids: tuple[str, ...] = ("translate.text",)) -> GrantEntry:
+    """An accepted grant covering capability ids ``ids`` (``request()``'s by default)."""
     return GrantEntry(pk=next(_pk), tenant_pk=tenant, agent_pk=agent_pk,
-                      capability_pk=capability_pk)
+                      capability_pk=capability_pk, capability_ids=frozenset(ids))

@@ -132,6 +132,11 @@ def test_grants_open_private_agents_and_other_namespaces():
     assert Router().route(t, request()).chosen.agent.name == "private"
     cap_grant = table(private, grants=(grant(1, capability_pk=private.capabilities[0].pk),))
     assert Router().route(cap_grant, request()).chosen.agent.name == "private"
+    # Accepted for other ids only (the agent offers this one since, or it was renamed).
+    for other in (grant(1, agent_pk=private.pk, ids=("x.other",)),
+                  grant(1, capability_pk=private.capabilities[0].pk, ids=("x.other",))):
+        assert Router().route(table(private, grants=(other,)), request()).error == \
+            "no_capability"
 
 
 def test_internal_agents_need_tenant_and_network():

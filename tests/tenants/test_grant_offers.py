@@ -93,3 +93,48 @@ def test_in_the_admin_the_owner_offers_and_only_the_grantee_accepts(world, clien
 
     grant.refresh_from_db()
     assert grant.accepted_at is not None
+
+
+@pytest.mark.django_db
+def test_an_accepted_grant_covers_what_was_offered_not_what_the_giver_adds_later(world):
+    """helper-41: after alpha accepted a grant of a harmless capability, beta renamed it
+    to alpha's own id (or re-registered the granted agent with it) and took alpha's
+    calls. Acceptance covers the ids offered then; more needs accepting again."""
+    factories.capability(agent=world.agent_a, capability_id="alpha.payroll")
+    factories.instance(agent=world.agent_a)
+    alpha = key_client(factories.api_key(tenant=world.tenant_a, scopes=ALL).plaintext)
+    beta = key_client(factories.api_key(tenant=world.tenant_b, scopes=ALL).plaintext)
+
+    def register(*capability_ids: str) -> int:
+        reply = beta.post("/api/v1/agents/register", {
+            "agent_id": "beta-helper", "version": "1.0.0",
+            "reach": {"protocol": "http", "endpoint": "http://127.0.0.1:19411/",
+                      "weight": 1000},
+            "capabilities": [{"id": c, "path": "/x"} for c in capability_ids]},
+            format="json")
+        assert reply.status_code in (200, 201), reply.content
+        return Agent.objects.get(name="beta-helper").pk
+
+    agent_pk = register("x.helper")
+    helper = Agent.objects.get(pk=agent_pk).capabilities.get().pk
+    by_agent = beta.post("/api/v1/grants/", {"tenant": "alpha", "agent": agent_pk},
+                         format="json").json()["id"]
+    by_capability = beta.post("/api/v1/grants/", {"tenant": "alpha", "capability": helper},
+                              format="json").json()["id"]
+    for grant in (by_agent, by_capability):
+        accepted = alpha.post(f"/api/v1/grants/{grant}/accept/")
+        assert accepted.json()["accepted_capabilities"] == ["x.helper"], accepted.content
+    assert chosen_agents(world.tenant_a.pk, "x.helper") == {"beta-helper"}
+
+    renamed = beta.patch(f"/api/v1/capabilities/{helper}/", {"capability_id": "alpha.payroll"},
+                         format="json")
+    assert renamed.status_code == 200, renamed.content
+    assert chosen_agents(world.tenant_a.pk, "alpha.payroll") == {world.agent_a.name}
+    assert chosen_agents(world.tenant_a.pk, "x.helper") == set()  # renamed away: not granted
+    register("alpha.payroll", "x.helper")  # the agent offers alpha's id, and x.helper again
+    assert chosen_agents(world.tenant_a.pk, "alpha.payroll") == {world.agent_a.name}
+    assert chosen_agents(world.tenant_a.pk, "x.helper") == {"beta-helper"}
+
+    # Accepting again is consent to what is offered now.
+    alpha.post(f"/api/v1/grants/{by_agent}/accept/")
+    assert "beta-helper" in chosen_agents(world.tenant_a.pk, "alpha.payroll")
