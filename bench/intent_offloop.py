@@ -147,7 +147,9 @@ def main() -> None:
     on, off = results["on_loop"], results["off_loop"]
     print(f"intent_offloop victim_p99_on_loop_ms={on['p99']:.2f} "
           f"victim_p99_off_loop_ms={off['p99']:.2f} p99_ratio={off['p99'] / on['p99']:.3f} "
-          f"victim_max_on_loop_ms={on['max']:.2f} victim_max_off_loop_ms={off['max']:.2f}")
+          f"victim_max_on_loop_ms={on['max']:.2f} victim_max_off_loop_ms={off['max']:.2f} "
+          f"victim_dry_p50_on_loop_ms={on['dry_p50']:.2f} "
+          f"victim_dry_p50_off_loop_ms={off['dry_p50']:.2f}")
 
 
 if __name__ == "__main__":

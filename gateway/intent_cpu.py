@@ -45,6 +45,11 @@ SPEND_TAU_S = 10.0
 # them (a heavy tenant's long intent, let in once its average spend had faded, took the
 # light bucket from the light tenants for seconds).
 COST_MEMORY = 0.9
+# Threads that match. Two: a light tenant's short match runs beside a heavy one instead
+# of waiting for it (bench/intent_offloop.py: another tenant's dry-run p50 under a flood,
+# 11.95 ms with one thread, 3.12 ms with two). The CPU all matching may take is the
+# shares' (at most 1.25 of them), whatever the number of threads.
+THREADS = 2
 
 
 class IntentCpu:
@@ -104,16 +109,16 @@ class IntentCpu:
 
 
 class OffLoopMatching:
-    """Intent matching in one thread of its own, charged to its tenant's share.
+    """Intent matching in threads of its own, charged to its tenant's share.
 
     On the event loop a match held every other call for as long as it ran (a 2,000-
     character intent about 100 ms; a break test saw another tenant's dry-run p50 go from
     5 to 74–91 ms under a flood within the shares). In a thread the loop gets the
     interpreter back every switch interval (5 ms), and the encoder's matrix products
-    release it altogether. One thread: a process's matching stays within about one core,
-    as the shares assume.
+    release it altogether. ``THREADS`` threads, so that one tenant's long match does not
+    hold another's short one.
 
-    A tenant has one match in the thread at a time, and its next is checked against its
+    A tenant has one match in the threads at a time, and its next is checked against its
     share only once that one is charged: else a burst of intents would all pass the
     check before the first was paid for and queue seconds of matching ahead of other
     tenants. A caller who hangs up does not give the turn back early: the match it
@@ -126,7 +131,7 @@ class OffLoopMatching:
         from concurrent.futures import ThreadPoolExecutor
 
         self.cpu = cpu
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="intent-match")
+        self._thread = ThreadPoolExecutor(THREADS, thread_name_prefix="intent-match")
         self._turns: dict[int, asyncio.Future] = {}  # tenant -> its match in the thread
 
     async def run(self, tenant_pk: int, match: Callable[[], object]):
