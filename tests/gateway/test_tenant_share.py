@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import types
 
 import httpx
@@ -330,3 +331,49 @@ def test_checking_an_input_is_bounded_whatever_its_size(scripted):
     assert too_large.status_code == 400
     assert "too large to check" in too_large.text
     assert fits.status_code == 200, fits.text[:300]
+
+
+def test_a_caller_hanging_up_keeps_its_tenants_turn_until_the_match_ends():
+    """A cancelled decision's match runs on in its thread (a thread cannot be stopped): the
+    tenant's next match waits for it and its cost is charged, so hanging up cannot queue
+    unpaid matches (helper-41's hang-up flood was still refused with 429)."""
+    import threading
+
+    from gateway.intent_cpu import IntentCpu, OffLoopMatching
+
+    cpu = IntentCpu(ms_per_s=1000.0, burst_ms=1000.0, clock=lambda: 0.0)
+    matching = OffLoopMatching(cpu)
+    release, started = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow():
+        started.set()
+        assert release.wait(timeout=20)
+        deadline = time.thread_time() + 0.05  # 50 ms of this thread's CPU
+        while time.thread_time() < deadline:
+            pass
+        ran.append("slow")
+        return "slow"
+
+    def quick():
+        ran.append("quick")
+        return "quick"
+
+    async def scenario():
+        first = asyncio.ensure_future(matching.run(TENANT_PK, slow))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        first.cancel()  # the caller hung up
+        second = asyncio.ensure_future(matching.run(TENANT_PK, quick))
+        await asyncio.sleep(0.05)
+        waiting = not second.done() and ran == []
+        release.set()
+        return waiting, await second
+
+    try:
+        waiting, answer = asyncio.run(scenario())
+    finally:
+        matching.close()
+    assert waiting  # the second waited for the abandoned match, not beside it
+    assert answer == "quick" and ran == ["slow", "quick"]
+    assert cpu._left(TENANT_PK, 0.0) <= 1000.0 - 50.0  # the abandoned match was charged
