@@ -7,7 +7,7 @@ Bulk ``update()`` calls skip signals and must call ``routes.changed``.
 
 from __future__ import annotations
 
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 
 from registry import heartbeats, routes
@@ -16,6 +16,20 @@ from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
 
 _KINDS = {Tenant: "tenant", ApiKey: "api_key", Grant: "grant", Credential: "credential",
           Quota: "quota", LearnedPhrase: "learned"}
+
+
+@receiver(pre_save)
+def _remember_the_agent(sender, instance, **kwargs) -> None:
+    """A capability or an instance moved to another agent leaves the one it was on: that
+    agent is published too (a break test: a capability moved away, then deleted, was
+    still served by its first agent on every gateway)."""
+    if sender not in (Capability, Instance) or instance.pk is None or kwargs.get("raw"):
+        return
+    fields = kwargs.get("update_fields")
+    if fields is not None and not {"agent", "agent_id"} & set(fields):
+        return  # a save naming its fields, the agent not among them (heartbeats)
+    instance._agent_before = sender.objects.filter(pk=instance.pk).values_list(
+        "agent_id", flat=True).first()
 
 
 @receiver([post_save, post_delete])
@@ -29,6 +43,9 @@ def _route_change(sender, instance, **kwargs) -> None:
         heartbeats.forget_on_commit(*instance.instances.values_list("pk", flat=True))
     elif sender in (Capability, Instance):
         routes.changed("agent", instance.agent_id)
+        before = getattr(instance, "_agent_before", None)
+        if before is not None and before != instance.agent_id:
+            routes.changed("agent", before)
         if sender is Instance:
             # Any write but a heartbeat's: the next beat is judged by the database.
             heartbeats.forget_on_commit(instance.pk)

@@ -56,6 +56,11 @@ def test_deltas_replayed_on_a_start_snapshot_equal_a_fresh_build(
     with django_capture_on_commit_callbacks(execute=True):
         factories.credential(tenant=world.tenant_a, agent=world.agent_a, secret=SECRET)
     with django_capture_on_commit_callbacks(execute=True):
+        moved = factories.capability(agent=world.agent_a, capability_id="a.moved")
+    with django_capture_on_commit_callbacks(execute=True):
+        moved.agent = registration.agent  # moved: the agent it left is published too
+        moved.save()
+    with django_capture_on_commit_callbacks(execute=True):
         Agent.objects.filter(pk=world.agent_b.pk).delete()
 
     versions = [m["version"] for m in published if m["type"] == "delta"]
@@ -66,7 +71,8 @@ def test_deltas_replayed_on_a_start_snapshot_equal_a_fresh_build(
     fresh = build_table()
     assert subscriber.table == fresh
     agent = fresh.agents[registration.agent.pk]
-    assert [c.capability_id for c in agent.capabilities] == ["a.b"]
+    assert [c.capability_id for c in agent.capabilities] == ["a.b", "a.moved"]
+    assert "a.moved" not in [c.capability_id for c in fresh.agents[world.agent_a.pk].capabilities]
     assert [i.health_tier for i in agent.instances] == ["overloaded", "healthy"]
     assert world.agent_b.pk not in fresh.agents
     assert issued.api_key.pk not in fresh.api_keys  # revoked keys leave the data plane
