@@ -133,7 +133,8 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
 @admin.register(Grant)
 class GrantAdmin(TenantScopedAdmin):
-    list_display = ["tenant", "agent", "capability", "created_at", "accepted_at"]
+    list_display = ["tenant", "agent", "capability", "offered", "created_at", "accepted_at",
+                    "accepted_capabilities"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "agent__namespace", "capability"]
     search_fields = ["tenant__slug", "agent__name", "capability__capability_id"]
@@ -154,13 +155,20 @@ class GrantAdmin(TenantScopedAdmin):
             return True
         return super().has_delete_permission(request, obj)
 
-    @admin.action(description="Accept the selected grants offered to your tenants")
+    @admin.display(description="offers")
+    def offered(self, grant: Grant) -> str:
+        return ", ".join(grant.offered_capabilities())
+
+    @admin.action(description="Accept the selected grants offered to your tenants "
+                              "(never for capability ids your own agents offer)")
     def accept(self, request, queryset):
+        # A form has no place to name the ids: what is offered, less the grantee's own
+        # ids (an offer may include them to draw its calls; the API names ids instead).
         principal = principal_for_request(request)
         accepted = 0
         for grant in queryset:
             if grant.accepted_at is None and principal.can_manage(grant.tenant_id):
-                grant_accept(grant=grant)
+                grant_accept(grant=grant, capabilities=grant.offered_but_not_own())
                 audit_admin_write(request, grant, AuditAction.ACTION, None)
                 accepted += 1
         self.message_user(request, f"Accepted {accepted} grant(s).", messages.SUCCESS)

@@ -186,6 +186,14 @@ class Grant(models.Model):
             return sorted(self.agent.capabilities.values_list("capability_id", flat=True))
         return []  # neither: refused by ``clean`` and the check constraint
 
+    def offered_but_not_own(self) -> list[str]:
+        """The offer less the ids the grantee's own agents offer (an offer may include
+        them to draw the grantee's calls)."""
+        agents = self._meta.get_field("agent").related_model.objects
+        own = set(agents.filter(owner_tenant_id=self.tenant_id)
+                  .values_list("capabilities__capability_id", flat=True))
+        return [c for c in self.offered_capabilities() if c not in own]
+
     def owning_tenant_id(self) -> int | None:
         if self.agent_id:
             return self.agent.owner_tenant_id

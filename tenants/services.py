@@ -56,11 +56,12 @@ def api_key_revoke(*, api_key: ApiKey, now: datetime | None = None) -> ApiKey:
     return api_key
 
 
-def grant_accept(*, grant: Grant, now: datetime | None = None) -> Grant:
-    """Put a grant in force for what it offers now (the grantee's consent): an offer, or
-    an accepted grant whose agent offers more since (or whose capability was renamed)."""
+def grant_accept(*, grant: Grant, capabilities: list[str],
+                 now: datetime | None = None) -> Grant:
+    """Put a grant in force for ``capabilities`` (the grantee's consent, naming what it
+    accepts), whatever it covered before."""
     grant.accepted_at = now or timezone.now()
-    grant.accepted_capabilities = grant.offered_capabilities()
+    grant.accepted_capabilities = sorted(set(capabilities))
     grant.save(update_fields=["accepted_at", "accepted_capabilities"])
     return grant
 

@@ -103,10 +103,17 @@ class GrantSerializer(CleanModelSerializer):
         queryset=_related(Grant, "capability"), required=False, allow_null=True
     )
 
+    offered_capabilities = serializers.SerializerMethodField(
+        help_text="The capability ids the grant reaches now: what the grantee may accept.")
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_offered_capabilities(self, grant: Grant) -> list[str]:
+        return grant.offered_capabilities()
+
     class Meta:
         model = Grant
         fields = ["id", "tenant", "agent", "capability", "created_at", "accepted_at",
-                  "accepted_capabilities"]
+                  "offered_capabilities", "accepted_capabilities"]
         read_only_fields = ["id", "created_at", "accepted_at", "accepted_capabilities"]
         # DRF makes the fields of each unique constraint required, so a grant of an agent
         # had to say "capability": null (a re-test found it); the one check is below.
@@ -123,6 +130,13 @@ class GrantSerializer(CleanModelSerializer):
             raise serializers.ValidationError({"tenant": [
                 f"{tenant.slug} already holds this grant."]})
         return attrs
+
+
+class GrantAcceptSerializer(serializers.Serializer):
+    capabilities = serializers.ListField(
+        child=serializers.CharField(max_length=200), allow_empty=False, max_length=1000,
+        help_text="The capability ids accepted, among the grant's offered_capabilities: "
+                  "the grant covers these and no other, whatever the agent offers later.")
 
 
 class CredentialSerializer(CleanModelSerializer):

@@ -9,11 +9,13 @@ from rest_framework.response import Response
 
 from audit.models import AuditAction, AuditSource
 from audit.services import audit_record
+from reach_core.errors import ReachError
 from reach_platform.api import TenantScopedViewSet
 from tenants.api.serializers import (
     ApiKeyIssuedSerializer,
     ApiKeySerializer,
     CredentialSerializer,
+    GrantAcceptSerializer,
     GrantSerializer,
     QuotaSerializer,
     TenantSerializer,
@@ -99,14 +101,26 @@ class GrantViewSet(TenantScopedViewSet):
             timezone.now() if self.principal.can_manage(grantee.pk) else None)
         super().perform_create(serializer)
 
-    @extend_schema(request=None, responses={200: GrantSerializer})
+    @extend_schema(request=GrantAcceptSerializer, responses={200: GrantSerializer})
     @action(detail=True, methods=["post"])
     @transaction.atomic
     def accept(self, request, pk=None):
+        """The grantee names the capability ids it accepts (its ``offered_capabilities``):
+        a grant accepted blind let the giver include the grantee's own id in the offer
+        and take its calls (a break test). An id no longer offered is a 409."""
         grant = self.get_object()
         if not self.principal.can_manage(grant.tenant_id):
             self.permission_denied(request, "Only the grantee accepts a grant.")
-        grant_accept(grant=grant)
+        body = GrantAcceptSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        grant = Grant.objects.select_for_update().get(pk=grant.pk)
+        named = body.validated_data["capabilities"]
+        offered = grant.offered_capabilities()
+        if not set(named) <= set(offered):
+            raise ReachError("conflict", f"The grant does not offer "
+                             f"{', '.join(sorted(set(named) - set(offered)))[:500]}; it "
+                             f"offers now: {', '.join(offered)[:1000] or 'nothing'}.")
+        grant_accept(grant=grant, capabilities=named)
         audit_record(
             principal=self.principal, source=AuditSource.API, action=AuditAction.ACTION,
             obj=grant, changes={"accepted_at": grant.accepted_at.isoformat()},

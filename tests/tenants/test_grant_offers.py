@@ -49,10 +49,12 @@ def test_an_unasked_grant_draws_none_of_the_grantees_calls_until_accepted(world)
     assert agent_pk not in seen  # not even shown
     grant = offered.json()["id"]
     # Only the grantee accepts: the giver cannot accept on its behalf.
-    assert beta.post(f"/api/v1/grants/{grant}/accept/").status_code == 403
+    assert beta.post(f"/api/v1/grants/{grant}/accept/", {"capabilities": ["alpha.payroll"]},
+                     format="json").status_code == 403
     assert Grant.objects.get(pk=grant).accepted_at is None
 
-    accepted = alpha.post(f"/api/v1/grants/{grant}/accept/")
+    accepted = alpha.post(f"/api/v1/grants/{grant}/accept/",
+                          {"capabilities": ["alpha.payroll"]}, format="json")
 
     assert accepted.status_code == 200, accepted.content
     assert accepted.json()["accepted_at"] is not None
@@ -88,11 +90,17 @@ def test_in_the_admin_the_owner_offers_and_only_the_grantee_accepts(world, clien
     grant.refresh_from_db()
     assert grant.accepted_at is None  # beta cannot accept for alpha
 
+    factories.capability(agent=world.agent_b, capability_id="beta.tool")
+    factories.capability(agent=world.agent_b, capability_id="alpha.own")
+    factories.capability(agent=world.agent_a, capability_id="alpha.own")
     client.force_login(world.owner)
+    listing = client.get("/admin/tenants/grant/").content.decode()
+    assert "alpha.own, beta.tool" in listing  # what is offered, shown before accepting
     client.post("/admin/tenants/grant/", action)
 
     grant.refresh_from_db()
     assert grant.accepted_at is not None
+    assert grant.accepted_capabilities == ["beta.tool"]  # never alpha's own id
 
 
 @pytest.mark.django_db
@@ -122,7 +130,8 @@ def test_an_accepted_grant_covers_what_was_offered_not_what_the_giver_adds_later
     by_capability = beta.post("/api/v1/grants/", {"tenant": "alpha", "capability": helper},
                               format="json").json()["id"]
     for grant in (by_agent, by_capability):
-        accepted = alpha.post(f"/api/v1/grants/{grant}/accept/")
+        accepted = alpha.post(f"/api/v1/grants/{grant}/accept/",
+                              {"capabilities": ["x.helper"]}, format="json")
         assert accepted.json()["accepted_capabilities"] == ["x.helper"], accepted.content
     assert chosen_agents(world.tenant_a.pk, "x.helper") == {"beta-helper"}
 
@@ -135,6 +144,41 @@ def test_an_accepted_grant_covers_what_was_offered_not_what_the_giver_adds_later
     assert chosen_agents(world.tenant_a.pk, "alpha.payroll") == {world.agent_a.name}
     assert chosen_agents(world.tenant_a.pk, "x.helper") == {"beta-helper"}
 
-    # Accepting again is consent to what is offered now.
-    alpha.post(f"/api/v1/grants/{by_agent}/accept/")
+    # Accepting again, naming the id, is consent to it.
+    alpha.post(f"/api/v1/grants/{by_agent}/accept/",
+               {"capabilities": ["alpha.payroll", "x.helper"]}, format="json")
     assert "beta-helper" in chosen_agents(world.tenant_a.pk, "alpha.payroll")
+
+
+@pytest.mark.django_db
+def test_the_grantee_sees_what_it_is_offered_and_accepts_only_what_it_names(world):
+    """helper-42: a private agent's offer could not be read by the grantee, and accepting
+    covered all it offered, the grantee's own id among them, so the giver took the
+    grantee's calls. The offer lists its ids; an acceptance names those it covers, and an
+    id no longer offered (the offer changed meanwhile) is a 409."""
+    factories.capability(agent=world.agent_a, capability_id="pay.charge")
+    factories.instance(agent=world.agent_a)
+    alpha = key_client(factories.api_key(tenant=world.tenant_a, scopes=ALL).plaintext)
+    beta = key_client(factories.api_key(tenant=world.tenant_b, scopes=ALL).plaintext)
+    assert beta.post("/api/v1/agents/register", {
+        "agent_id": "b-blind", "version": "1.0.0",
+        "reach": {"protocol": "http", "endpoint": "http://127.0.0.1:19419/", "weight": 10000},
+        "capabilities": [{"id": "b.helper", "path": "/x"}, {"id": "pay.charge", "path": "/x"}]},
+        format="json").status_code == 201
+    agent_pk = Agent.objects.get(name="b-blind").pk
+    grant = beta.post("/api/v1/grants/", {"tenant": "alpha", "agent": agent_pk},
+                      format="json").json()["id"]
+
+    offer = alpha.get(f"/api/v1/grants/{grant}/").json()
+
+    assert offer["offered_capabilities"] == ["b.helper", "pay.charge"]
+    assert alpha.post(f"/api/v1/grants/{grant}/accept/").status_code == 400  # names nothing
+    stale = alpha.post(f"/api/v1/grants/{grant}/accept/",
+                       {"capabilities": ["b.helper", "b.gone"]}, format="json")
+    assert stale.status_code == 409 and "b.gone" in stale.json()["error"]["message"]
+    accepted = alpha.post(f"/api/v1/grants/{grant}/accept/", {"capabilities": ["b.helper"]},
+                          format="json")
+    assert accepted.status_code == 200, accepted.content
+    assert accepted.json()["accepted_capabilities"] == ["b.helper"]
+    assert chosen_agents(world.tenant_a.pk, "pay.charge") == {world.agent_a.name}
+    assert chosen_agents(world.tenant_a.pk, "b.helper") == {"b-blind"}
