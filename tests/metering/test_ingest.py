@@ -322,3 +322,43 @@ def test_a_batch_entry_from_the_gateway_is_stored_event_by_event(world):
                                            (b"2-0", {b"b": b"not json"})])
     assert stored == 3
     assert UsageEvent.objects.filter(request_id__startswith="batch-").count() == 3
+
+
+def test_an_agent_deleted_while_its_batch_is_stored_loses_no_event(
+    transactional_db, stream, monkeypatch
+):
+    """helper-42 saw one consumer run fail on the foreign key when an agent was deleted
+    right after calls to it: the delete committed between the batch's check of which
+    agents exist and its insert. The batch rolls back, its entries stay pending, and the
+    next run stores every event once, the agent as NULL."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL (a second connection deletes mid-batch)")
+    import psycopg
+
+    tenant = factories.tenant()
+    doomed = factories.agent(owner=tenant)
+    sent = [event(tenant.pk, agent=doomed.pk) for _ in range(30)]
+    append(stream, sent)
+    real_existing = ingest._existing
+    db = connection.settings_dict
+
+    def then_deleted(queryset, field, values):
+        alive = real_existing(queryset, field, values)
+        if queryset.model.__name__ == "Agent" and doomed.pk in alive:
+            with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
+                                 dbname=db["NAME"], autocommit=True) as other:
+                other.execute("DELETE FROM registry_agent WHERE id = %s", [doomed.pk])
+        return alive
+
+    monkeypatch.setattr(ingest, "_existing", then_deleted)
+    with pytest.raises(Exception, match=r"(?i)foreign key|violates"):
+        usage_stream_consume(client=stream, consumer="c1", block_ms=0)
+    assert pending(stream) == 30 and UsageEvent.objects.count() == 0
+
+    monkeypatch.setattr(ingest, "_existing", real_existing)
+    assert usage_stream_consume(client=stream, consumer="c1", block_ms=0) == 30
+    stored = UsageEvent.objects.filter(request_id__in=[e["request_id"] for e in sent])
+    assert stored.count() == 30 and not stored.exclude(agent_id=None).exists()
+    assert pending(stream) == 0
