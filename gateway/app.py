@@ -424,7 +424,7 @@ class GatewayApp:
             request.request_id)
 
     def _internal(self, scope) -> bool:
-        return self.config.is_internal((scope.get("client") or (None,))[0])
+        return self.config.is_internal(_client_address(scope))
 
     # ---- routes -----------------------------------------------------------------------------
 
@@ -647,7 +647,7 @@ class GatewayApp:
     async def _metrics(self, request_id, scope, receive, send) -> str:
         # Every tenant's names and volumes: not for whoever can reach the gateway's port
         # (a break test read them with no key where tenants call the same port).
-        if not self.config.may_read_metrics((scope.get("client") or (None,))[0],
+        if not self.config.may_read_metrics(_client_address(scope),
                                             header(scope, b"authorization")):
             raise ReachError("forbidden", "Metrics are served to REACH_METRICS_NETWORKS, or "
                              "with the bearer token REACH_METRICS_TOKEN.")
@@ -854,3 +854,8 @@ def count_call(route: str, outcome: str, seconds: float) -> None:
                                                   LATENCY.labels(str(outcome)))
     children[0].inc()
     children[1].observe(seconds)
+
+
+def _client_address(scope) -> str | None:
+    """The caller's address as the server saw it (no proxy headers believed)."""
+    return (scope.get("client") or (None,))[0]

@@ -34,6 +34,12 @@ _NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 _SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
+def names_its_own(tenant: str) -> bool:
+    """Whether a tenant's slug may stand for it in a lent name or directory: lower-case
+    letters and digits joined by single hyphens, so no tenant's is another's."""
+    return bool(_SLUG.fullmatch(tenant))
+
+
 def refusal(name: str, patterns: tuple[str, ...] | list[str], tenant: str = "") -> str | None:
     """Why ``name`` may not be used as ``value_env`` by a credential of the tenant whose
     slug is ``tenant``; None when it may."""
@@ -55,6 +61,6 @@ def refusal(name: str, patterns: tuple[str, ...] | list[str], tenant: str = "") 
 def _owned(patterns: tuple[str, ...] | list[str], tenant: str) -> list[str]:
     """The patterns with ``{tenant}`` filled in for this tenant (left out where its slug
     cannot stand in a name unambiguously)."""
-    name = tenant.upper().replace("-", "_") if _SLUG.fullmatch(tenant) else None
+    name = tenant.upper().replace("-", "_") if names_its_own(tenant) else None
     return [pattern.replace("{tenant}", name) if "{tenant}" in pattern else pattern
             for pattern in patterns if name is not None or "{tenant}" not in pattern]

@@ -18,11 +18,11 @@ letters and digits joined by single hyphens name a directory.
 from __future__ import annotations
 
 import os
-import re
+
+from reach_core.envrefs import names_its_own
 
 DEFAULT_DIRECTORY = "/etc/agent-reach/certs/{tenant}"
 FIELDS = ("client_cert_path", "client_key_path", "ca_file")
-_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
 def directory_of(directory: str, tenant: str) -> str | None:
@@ -30,7 +30,7 @@ def directory_of(directory: str, tenant: str) -> str | None:
     cannot name one."""
     if "{tenant}" not in directory:
         return directory
-    return directory.replace("{tenant}", tenant) if _SLUG.fullmatch(tenant) else None
+    return directory.replace("{tenant}", tenant) if names_its_own(tenant) else None
 
 
 def refusal(path: str, directory: str, tenant: str) -> str | None:

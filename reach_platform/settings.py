@@ -397,17 +397,18 @@ GATEWAY_BODY_TIMEOUT_S = env.float("REACH_GATEWAY_BODY_TIMEOUT_S", default=10.0)
 # A stream with no event for this long is cut with an SSE error event.
 GATEWAY_STREAM_IDLE_S = env.float("REACH_GATEWAY_STREAM_IDLE_S", default=15.0)
 # Source networks allowed to reach internal_only agents (with a tenant that may).
-GATEWAY_INTERNAL_NETWORKS = tuple(
-    ipaddress.ip_network(n)
-    for n in env.list("REACH_INTERNAL_NETWORKS", default=["127.0.0.0/8", "::1/128"])
-)
+LOOPBACK_NETWORKS = ["127.0.0.0/8", "::1/128"]
+
+
+def _networks(variable: str) -> tuple:
+    return tuple(ipaddress.ip_network(n) for n in env.list(variable, default=LOOPBACK_NETWORKS))
+
+
+GATEWAY_INTERNAL_NETWORKS = _networks("REACH_INTERNAL_NETWORKS")
 
 # Who may read a gateway's /metrics (every tenant's names and volumes): these source
 # networks, or any caller presenting REACH_METRICS_TOKEN as a bearer token.
-METRICS_NETWORKS = tuple(
-    ipaddress.ip_network(n)
-    for n in env.list("REACH_METRICS_NETWORKS", default=["127.0.0.0/8", "::1/128"])
-)
+METRICS_NETWORKS = _networks("REACH_METRICS_NETWORKS")
 METRICS_TOKEN = env.str("REACH_METRICS_TOKEN", default="")
 
 # Rate limits when Redis is unreachable (counted in reach_limits_degraded_total): true

@@ -3,7 +3,6 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
-from django.utils import timezone
 
 from audit.models import AuditAction
 from reach_platform.admin_base import (
@@ -20,6 +19,7 @@ from tenants.services import (
     api_key_revoke,
     credential_set_secret,
     grant_accept,
+    grant_given_at,
 )
 
 
@@ -144,9 +144,9 @@ class GrantAdmin(TenantScopedAdmin):
     actions = ["accept"]
 
     def save_model(self, request, obj, form, change):
-        if not change:  # an offer, unless whoever gives it manages the grantee too
-            grantee_consents = principal_for_request(request).can_manage(obj.tenant_id)
-            obj.accepted_at = timezone.now() if grantee_consents else None
+        if not change:
+            obj.accepted_at = grant_given_at(
+                grantee_consents=principal_for_request(request).can_manage(obj.tenant_id))
         super().save_model(request, obj, form, change)
 
     def has_delete_permission(self, request, obj=None) -> bool:

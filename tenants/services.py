@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reach_core import keys
+from reach_core.errors import ReachError
 from tenants import crypto
 from tenants.choices import ApiKeyScope
 from tenants.models import ApiKey, Credential, Grant, Tenant
@@ -56,10 +57,22 @@ def api_key_revoke(*, api_key: ApiKey, now: datetime | None = None) -> ApiKey:
     return api_key
 
 
+def grant_given_at(*, grantee_consents: bool) -> datetime | None:
+    """When a new grant is in force: at once when whoever gives it manages the grantee
+    too (an operator), else never until the grantee accepts it (an offer)."""
+    return timezone.now() if grantee_consents else None
+
+
 def grant_accept(*, grant: Grant, capabilities: list[str],
                  now: datetime | None = None) -> Grant:
     """Put a grant in force for ``capabilities`` (the grantee's consent, naming what it
-    accepts), whatever it covered before."""
+    accepts), whatever it covered before. 409 ``conflict`` when one is not offered now
+    (the offer changed since the grantee read it)."""
+    offered = grant.offered_capabilities()
+    if not set(capabilities) <= set(offered):
+        raise ReachError("conflict", f"The grant does not offer "
+                         f"{', '.join(sorted(set(capabilities) - set(offered)))[:500]}; it "
+                         f"offers now: {', '.join(offered)[:1000] or 'nothing'}.")
     grant.accepted_at = now or timezone.now()
     grant.accepted_capabilities = sorted(set(capabilities))
     grant.save(update_fields=["accepted_at", "accepted_capabilities"])

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
@@ -9,7 +8,6 @@ from rest_framework.response import Response
 
 from audit.models import AuditAction, AuditSource
 from audit.services import audit_record
-from reach_core.errors import ReachError
 from reach_platform.api import TenantScopedViewSet
 from tenants.api.serializers import (
     ApiKeyIssuedSerializer,
@@ -21,7 +19,7 @@ from tenants.api.serializers import (
     TenantSerializer,
 )
 from tenants.models import ApiKey, Credential, Grant, Quota, Tenant
-from tenants.services import api_key_create, api_key_revoke, grant_accept
+from tenants.services import api_key_create, api_key_revoke, grant_accept, grant_given_at
 
 
 class TenantViewSet(TenantScopedViewSet):
@@ -97,8 +95,8 @@ class GrantViewSet(TenantScopedViewSet):
 
     def perform_create(self, serializer):
         grantee = serializer.validated_data["tenant"]
-        serializer.validated_data["accepted_at"] = (
-            timezone.now() if self.principal.can_manage(grantee.pk) else None)
+        serializer.validated_data["accepted_at"] = grant_given_at(
+            grantee_consents=self.principal.can_manage(grantee.pk))
         super().perform_create(serializer)
 
     @extend_schema(request=GrantAcceptSerializer, responses={200: GrantSerializer})
@@ -114,13 +112,7 @@ class GrantViewSet(TenantScopedViewSet):
         body = GrantAcceptSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         grant = Grant.objects.select_for_update().get(pk=grant.pk)
-        named = body.validated_data["capabilities"]
-        offered = grant.offered_capabilities()
-        if not set(named) <= set(offered):
-            raise ReachError("conflict", f"The grant does not offer "
-                             f"{', '.join(sorted(set(named) - set(offered)))[:500]}; it "
-                             f"offers now: {', '.join(offered)[:1000] or 'nothing'}.")
-        grant_accept(grant=grant, capabilities=named)
+        grant_accept(grant=grant, capabilities=body.validated_data["capabilities"])
         audit_record(
             principal=self.principal, source=AuditSource.API, action=AuditAction.ACTION,
             obj=grant, changes={"accepted_at": grant.accepted_at.isoformat()},
