@@ -41,6 +41,22 @@ STORED_ERRORS = frozenset({"invalid_input", "malformed_json", "payload_too_large
 class Stored:
     status: int
     body: bytes
+    # What the reply said besides its body that a replay must say too: an intent call's
+    # routing (``X-Reach-Capability`` ...), which an OpenAI-shaped body has no place for.
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+def _packed(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    return orjson.dumps([[name.decode("latin-1"), value.decode("latin-1")]
+                         for name, value in headers])
+
+
+def _unpacked(raw: bytes | None) -> tuple[tuple[bytes, bytes], ...]:
+    # A record stored before replies kept their headers has none.
+    if not raw:
+        return ()
+    return tuple((name.encode("latin-1"), value.encode("latin-1"))
+                 for name, value in orjson.loads(raw))
 
 
 class Outcome(StrEnum):
@@ -138,7 +154,7 @@ class MemoryStore:
 # KEYS[1] the record (a hash: hash, owner, and status + body once done).
 _CLAIM = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.call('HMGET', KEYS[1], 'hash', 'status', 'body')
+  return redis.call('HMGET', KEYS[1], 'hash', 'status', 'body', 'headers')
 end
 redis.call('HSET', KEYS[1], 'hash', ARGV[1], 'owner', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -155,7 +171,7 @@ _FINISH = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'hash', ARGV[2], 'status', ARGV[3],
-           'body', ARGV[4])
+           'body', ARGV[4], 'headers', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
@@ -185,8 +201,8 @@ class RedisStore:
                                    args=[body_hash, owner, max(1, int(lease_s * 1000))])
         if result == 1:
             return Outcome.NEW, None
-        stored_hash, status, body = result
-        done = Stored(int(status), body) if status is not None else None
+        stored_hash, status, body, headers = result
+        done = Stored(int(status), body, _unpacked(headers)) if status is not None else None
         return _judge((stored_hash or b"").decode(), done, body_hash)
 
     async def refresh(self, key: str, owner: str, lease_s: float) -> None:
@@ -195,7 +211,8 @@ class RedisStore:
 
     async def finish(self, key: str, owner: str, stored: Stored, body_hash: str = "") -> None:
         await self._finish(keys=[self._prefix + key],
-                           args=[owner, body_hash, stored.status, stored.body, TTL_SECONDS])
+                           args=[owner, body_hash, stored.status, stored.body, TTL_SECONDS,
+                                 _packed(stored.headers)])
 
     async def forget(self, key: str, owner: str) -> None:
         await self._forget(keys=[self._prefix + key], args=[owner])

@@ -535,7 +535,7 @@ class Pipeline:
             if stored.status >= 400:
                 extra += retry_headers(kind_of(code).retryable)
             await send_bytes(request.send, stored.status, stored.body, request.request_id,
-                             extra=extra)
+                             [*stored.headers, *extra])
             return code
         ctx.restart_agent_clock()
         refreshing = asyncio.ensure_future(self._keep_claim(record, owner, lease_s))
@@ -559,8 +559,10 @@ class Pipeline:
         except ReachError:
             await self._forget_quietly(record, owner)
             raise
-        await self._store_quietly(record, owner, body_hash, idempotency.Stored(200, payload))
-        await send_bytes(request.send, 200, payload, request.request_id, routed_headers(ctx))
+        routed = tuple(routed_headers(ctx))
+        await self._store_quietly(record, owner, body_hash,
+                                  idempotency.Stored(200, payload, routed))
+        await send_bytes(request.send, 200, payload, request.request_id, list(routed))
         return Outcome.SUCCESS
 
     async def _under_key(self, request: Request, ctx: CallContext, lease_s: float,

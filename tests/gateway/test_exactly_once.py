@@ -267,6 +267,33 @@ def test_a_redis_claim_lapses_after_its_lease():
     assert ttl > 23 * 3600
 
 
+
+@needs_redis
+def test_a_redis_replay_says_what_the_reply_said_besides_its_body():
+    """An intent call's routing is in its reply's headers (the chat door's body has no
+    place for it): its replay carries them. A record stored before replies kept their
+    headers (a gateway of the previous release, same Redis) replays with none."""
+    prefix = f"{settings.REDIS_KEY_PREFIX}idem-test-{uuid.uuid4().hex[:8]}:"
+    routed = ((b"x-reach-capability", b"weather.forecast"), (b"x-reach-confidence", b"0.81"))
+
+    async def scenario():
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        store = RedisStore(client, prefix)
+        try:
+            await store.claim("new", "h", "o", lease_s=5)
+            await store.finish("new", "o", Stored(200, b"{}", routed), "h")
+            await client.hset(prefix + "old", mapping={"hash": "h", "owner": "o",
+                                                       "status": 200, "body": b"{}"})
+            return (await store.claim("new", "h", "dup", lease_s=5),
+                    await store.claim("old", "h", "dup", lease_s=5))
+        finally:
+            await client.delete(prefix + "new", prefix + "old")
+            await client.aclose()
+
+    new, old = run(scenario())
+    assert new == (Outcome.REPLAY, Stored(200, b"{}", routed))
+    assert old == (Outcome.REPLAY, Stored(200, b"{}"))
+
 def test_a_reply_lost_after_delivery_is_retried_with_the_same_key(scripted):
     with LossyProxy(scripted.port) as lossy:
         agents = scripted_agents(scripted.endpoint)

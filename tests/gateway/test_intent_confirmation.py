@@ -194,6 +194,25 @@ def test_a_chinese_intent_header_reaches_the_chat_door_raw_or_percent_encoded(ga
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
 
 
+
+def test_a_replayed_intent_call_says_its_routing_as_the_first_reply_did(gateway):
+    """The chat door's reply says its routing only in headers: a keyed retry answered
+    from the stored reply says the same (it said nothing), and the agent ran once."""
+    client, agent = gateway
+    body = {"model": "intent", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"X-Reach-Intent": "明天杭州会下雨吗".encode(), "Idempotency-Key": "replay-routing-1"}
+    first = client.post("/v1/chat/completions", json=body, headers=headers)
+    again = client.post("/v1/chat/completions", json=body, headers=headers)
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in first.headers
+    routing = ("x-reach-capability", "x-reach-confidence", "x-reach-margin")
+    assert [again.headers[name] for name in routing] == \
+        [first.headers[name] for name in routing]
+    assert first.headers["x-reach-capability"] == "weather.forecast"
+    assert again.content == first.content
+    assert calls(agent) == 1
+
 def test_an_intent_of_several_steps_runs_the_first_and_says_the_plan(gateway):
     client, agent = gateway
     intent = "查一下明天杭州的天气，然后做一个PPT演示文稿"
