@@ -9,6 +9,7 @@ stray bigram ("把这", "一下") is down-weighted by IDF. Pure functions.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import Counter
@@ -60,6 +61,31 @@ def without_addresses(text: str) -> str:
 def normalise(text: str) -> str:
     return unicodedata.normalize("NFKC", text).lower()
 
+
+
+# On their own these ask for nothing: greetings, assent, hesitation, a test ping. With
+# ``STOPWORDS`` and ``CJK_STOP`` they make the requests no capability can be chosen by.
+_FILLER_WORDS = frozenset(
+    """hello yes yeah yep no nope hmm hm um uh ah oh lol test testing ping again now
+    here there what how why something anything stuff thing things""".split())
+_FILLER_CJK = frozenset("嗯啊哦噢呃哈嘿喂唉诶哎好行对然后测试谢什么怎样呗嘛")
+_ASCII_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
+
+
+@functools.lru_cache(maxsize=4096)
+def says_something(text: str) -> bool:
+    """Whether ``text`` holds a word a capability could be chosen by. Filler ("the",
+    "ok", "嗯", "然后", "???", a lone number or emoji) says nothing, and no score can make
+    it a request: a break test's "the" went to a localisation agent at 0.78 confidence
+    (its meaning-score, 0.2 for any short text against a short description, was enough).
+    A letter of any other script counts: the sentence encoder reads many languages."""
+    text = normalise(text)
+    for word in _ASCII_WORD.findall(text):
+        if not (word in STOPWORDS or word in _FILLER_WORDS or word.isdigit()):
+            return True
+    rest = _ASCII_WORD.sub(" ", text)
+    return any(unicodedata.category(ch).startswith("L") and ch not in CJK_STOP
+               and ch not in _FILLER_CJK for ch in rest)
 
 _PHRASE_TRIM = " \t.,;:!?…。，；：！？、\"'“”‘’()（）"
 

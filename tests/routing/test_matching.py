@@ -131,6 +131,47 @@ def test_an_unrelated_request_is_refused_whatever_its_language(encoder):
         assert match.suggestions and match.confidence == 0.0
 
 
+
+FILLER = ("the", "a", "的", "ok", "嗯", "???", "然后", "and then", "help me", "帮我", "test",
+          "好的", "👍", "12345", "hi there")
+
+
+@pytest.mark.parametrize("embedded", [True, False])
+def test_a_request_that_says_nothing_is_refused_however_close_it_scores(encoder, embedded):
+    """Break test (helper-43): "the", "ok", "嗯", "然后" went to a localisation agent at
+    0.55-0.78 confidence, and to a capability described as "x" at up to 0.98: their
+    meaning-score against a short description clears the threshold whatever they mean.
+    Filler is no request; what does say something still routes, and an exact id too."""
+    catalogue = [CapabilityText("app.localize", "App localisation",
+                                "Localizes app UI strings and release notes for target "
+                                "markets (i18n files: .po, .xliff, .strings)"),
+                 CapabilityText("util.any", "", "x"), *OTHERS]
+    index = IntentIndex(catalogue, embedder=encoder if embedded else None)
+    for text in FILLER:
+        match = index.match(text)
+        assert match.best is None and match.confidence == 0.0, (text, match.ranked)
+    assert index.match("localize our app strings for the Japanese market").best \
+        .capability_id == "app.localize"
+    assert index.match("util.any").best.capability_id == "util.any"
+    assert index.match("明天杭州天气怎么样").best.capability_id == "weather.forecast"
+
+
+@pytest.mark.parametrize("embedded", [True, False])
+def test_a_learned_phrase_that_says_nothing_steers_nothing(encoder, embedded):
+    """Break test (helper-43): one feedback "帮我" -> refund.apply sent "help me" there at
+    0.99 and pulled "我的快递到哪了" into a tie with refund.apply."""
+    catalogue = [CapabilityText("refund.apply", "退款申请", "为已付款订单提交退款申请。"),
+                 CapabilityText("logistics.track", "物流查询",
+                                "查询包裹的物流轨迹和预计送达时间。")]
+    index = IntentIndex(catalogue, embedder=encoder if embedded else None)
+    learned = [Learned("refund.apply", "帮我"), Learned("refund.apply", "help me")]
+    for text in ("帮我", "help me"):
+        assert index.match(text, learned=learned).best is None, text
+    plain = index.match("我的快递到哪了")
+    taught = index.match("我的快递到哪了", learned=learned)
+    assert taught.best.capability_id == plain.best.capability_id == "logistics.track"
+    assert (taught.confidence, taught.margin) == (plain.confidence, plain.margin)
+
 # ---- what agent teams tell the router -------------------------------------------------
 
 
