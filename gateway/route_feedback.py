@@ -95,7 +95,9 @@ class FeedbackRecorder:
         routed_to = body.get("routed_to")
         if not isinstance(intent, str) or says_nothing(intent):
             problems["intent"] = ["is required: the request's text"]
-        elif len(intent) > MAX_INTENT_CHARS or "\x00" in intent:
+        elif "\x00" in intent:
+            problems["intent"] = ["holds a NUL character"]
+        elif len(intent) > MAX_INTENT_CHARS:
             problems["intent"] = [f"must be 1 to {MAX_INTENT_CHARS} characters of text"]
         if not isinstance(capability, str) or not capability:
             problems["capability"] = ["is required: the capability id finally used"]

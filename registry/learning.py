@@ -48,7 +48,7 @@ from reach_core.queues import Drainable, drain_into
 from registry import routes
 from registry.choices import FeedbackSource
 from registry.models import LearnedPhrase, RouteFeedback
-from routing.text import phrase_of, says_something
+from routing.text import asks_for_something, phrase_of
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def _learn_batch(*, batch: int, now: dt.datetime) -> dict[str, int]:
     groups: dict[tuple[int, str, str], list] = {}
     for pk, tenant_id, capability_id, routed_to, intent, source in rows:
         phrase = phrase_normalise(intent)
-        if routed_to == capability_id or not says_something(phrase):
+        if routed_to == capability_id or not asks_for_something(phrase):
             continue  # a confirmation, or nothing to learn ("帮我", "ok")
         group = groups.setdefault((tenant_id, capability_id, phrase), [[], 0])
         group[0].append(pk)

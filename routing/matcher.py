@@ -27,11 +27,11 @@ from immutables import Map
 from routing.semantic import Vectors, background_floor, negatives, units
 from routing.text import (
     TO_LANGUAGE,
+    asks_for_something,
     clauses,
     features,
     normalise,
     phrase_of,
-    says_something,
     stem,
     without_addresses,
     without_disclaimers,
@@ -572,11 +572,11 @@ class IntentIndex:
                 home: np.ndarray | None = None) -> tuple[list[Score], list[Score]]:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
         stripped = heard(without_addresses(text)).strip()
-        if not says_something(stripped):
+        if not asks_for_something(stripped):
             return self._finish(stripped, [], [], allowed, home)  # an exact id still counts
         # A learned phrase that says nothing ("帮我", taught once) would draw every request
         # near it in meaning (a break test: "help me" went to a refund agent at 0.99).
-        learned = [entry for entry in learned if says_something(entry.phrase)]
+        learned = [entry for entry in learned if asks_for_something(entry.phrase)]
         if self._embedder is None:
             boosted = self._learned_lexical(stripped, learned, phrase_of(text))
             # Below the threshold a match goes (``_finish``) unless a learned phrase lifts

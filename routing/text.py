@@ -73,7 +73,7 @@ _ASCII_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
 
 
 @functools.lru_cache(maxsize=4096)
-def says_something(text: str) -> bool:
+def asks_for_something(text: str) -> bool:
     """Whether ``text`` holds a word a capability could be chosen by. Filler ("the",
     "ok", "嗯", "然后", "???", a lone number or emoji) says nothing, and no score can make
     it a request: a break test's "the" went to a localisation agent at 0.78 confidence
