@@ -15,6 +15,7 @@ Weights and thresholds were chosen on the tuning set of ``bench/routing.py`` onl
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -451,7 +452,12 @@ class IntentIndex:
         test: a private agent repeating "翻译 日文" turned another tenant's translation
         request into a 404). That costs the weights worked out per request (about 1 ms
         in a 10,000-capability index), only when the caller cannot see every text."""
-        text = self._speller.correct(text)
+        # Corrected toward the words of the texts the caller may see: another tenant's
+        # private word is no word here (a break test: a private "payrolk" stopped
+        # another tenant's "payrolk" being read as "payroll", and dry runs told whether a
+        # codename was in someone's private descriptor).
+        text = self._speller.correct(text, None if allowed is None or allowed.all()
+                                     else functools.partial(self._visible_word, allowed))
         found = features(text)
         norms = None
         if allowed is None or allowed.all():
@@ -507,6 +513,12 @@ class IntentIndex:
         if TO_LANGUAGE in query:
             sims[self._keeps_language] *= OTHER_LANGUAGE_PENALTY
         return sims, touched
+
+    def _visible_word(self, allowed: np.ndarray, word: str) -> bool:
+        """Whether a text in ``allowed`` has ``word`` (a text's words are its ``w:``
+        features' sources, so the word's stem is posted for that text's slot)."""
+        postings = self._postings.get("w:" + stem(word))
+        return postings is not None and bool(allowed[postings[0]].any())
 
     def _bm25(self, feature: str) -> tuple[np.ndarray, np.ndarray, float]:
         """The slots that have ``feature``, its BM25 weight in each times the feature's
@@ -948,18 +960,22 @@ class Speller:
             self._deletes.add(added)
         return speller
 
-    def _correct_word(self, word: str) -> str:
-        if len(word) < self.MIN_LENGTH or word in self._counts or not word.isalpha():
+    def _correct_word(self, word: str, known: Callable[[str], bool] | None) -> str:
+        if len(word) < self.MIN_LENGTH or not word.isalpha() or (
+                word in self._counts and (known is None or known(word))):
             return word
         found = set()
         for variant in _deletions(word):
             found |= self._deletes.variants.get(variant, set())
-        found = {w for w in found if w in self._counts and _one_edit(word, w)}
+        found = {w for w in found if w in self._counts and _one_edit(word, w)
+                 and (known is None or known(w))}
         return min(found) if len(found) >= 1 else word
 
-    def correct(self, text: str) -> str:
+    def correct(self, text: str, known: Callable[[str], bool] | None = None) -> str:
+        """``text`` with its misspelt words corrected; ``known``: whether the caller may
+        see a text with this word (None: every word of the vocabulary counts)."""
         lowered = normalise(text)
-        replaced = {w: self._correct_word(w) for w in set(words(lowered))}
+        replaced = {w: self._correct_word(w, known) for w in set(words(lowered))}
         if all(k == v for k, v in replaced.items()):
             return lowered
         return " ".join(replaced.get(t, t) for t in lowered.split(" "))

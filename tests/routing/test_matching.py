@@ -390,6 +390,40 @@ def test_another_tenants_private_texts_never_move_a_decision(encoder, embedded):
         assert after == before
 
 
+
+@pytest.mark.parametrize("embedded", [True, False])
+def test_another_tenants_private_words_are_not_the_spelling_correctors(encoder, embedded):
+    """Break test (helper-43): "payrolk for march" went to payroll until another tenant
+    privately registered a text with "payrolk", then 404 (the corrector took it for a
+    word); and a dry run of "quorvez" told whether "quorvex" was in someone's private
+    descriptor. A misspelling is corrected toward the words the caller may see."""
+    mine = [agent("payroll", "hr.payroll", cap={
+                "display_name": "Payroll", "description": "Runs the monthly payroll and "
+                "answers payroll questions."}),
+            agent("probe", "probe.quorvey", cap={
+                "display_name": "Quorvey", "description": "Quorvey reports."}),
+            agent("mailer", "email.draft", cap={
+                "display_name": "Email drafts", "description": "Drafts a business email."})]
+    secret = [agent("secret", "secret.codename", owner=2, visibility="private", cap={
+        "display_name": "Codename", "description": "Project payrolk and quorvex archive."})]
+    intents = ("payrolk for march", "quorvex", "quorvez")
+
+    def decisions(*agents):
+        holder = IntentIndexHolder(embedder=encoder if embedded else None)
+        routes = table(*agents)
+        holder.update(routes)
+        router = Router(index=holder)
+        return [router.route(routes, RouteRequest(tenant_pk=1, intent=text),
+                             pick=False).explain() for text in intents]
+
+    before = decisions(*mine)
+    assert before[0]["capability"] == "hr.payroll", before[0]
+    after = decisions(*mine, *secret)
+    if embedded:
+        _same_but_for_last_bits(after, before)
+    else:
+        assert after == before
+
 def _same_but_for_last_bits(got, want, where="") -> None:
     if isinstance(want, float) and isinstance(got, float):
         assert abs(got - want) <= 1e-4, (where, got, want)
