@@ -292,7 +292,7 @@ class GatewayApp:
                                CLOSE_JOBS_S)
         if self.usage is not None:
             self.usage.close()  # after the last shipping: what is left stays on disk
-        self.pipeline.matching.close()
+        self.pipeline.close()
         closed = await self.caller.pools.close()
         logger.info("gateway stopped: %d background jobs, %d upstream sessions closed",
                     len(tasks), closed)
@@ -325,7 +325,8 @@ class GatewayApp:
         started = time.monotonic()
         outcome = Outcome.SUCCESS
         try:
-            if sum(len(k) + len(v) for k, v in scope.get("headers", [])) \
+            # As sent: each line's ": " and CRLF count (2,000 one-letter headers are 20 KB).
+            if sum(len(k) + len(v) + 4 for k, v in scope.get("headers", [])) \
                     > self.config.max_header_bytes:
                 raise ReachError("headers_too_large", "Request headers exceed "
                                  f"{self.config.max_header_bytes} bytes.")

@@ -18,6 +18,7 @@ from gateway import tracing
 from gateway.breaker import CircuitBreakers
 from gateway.config import GatewayConfig
 from gateway.credentials import Credentials
+from gateway.http_io import wide_integer
 from gateway.metrics import BAD_RESPONSES, UPSTREAM_LATENCY
 from gateway.protocols import PROTOCOLS, AgentResponse
 from gateway.protocols.base import thaw
@@ -451,6 +452,11 @@ class Caller:
                 BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
                 raise ReachError("upstream_bad_response",
                                  "the agent's reply is not JSON") from exc
+            if wide_integer(body):  # it would reach the caller rounded
+                BAD_RESPONSES.labels(upstream.candidate.capability.capability_id).inc()
+                raise ReachError("upstream_bad_response", "the agent's reply holds an "
+                                 "integer outside -2^63 to 2^64-1, which cannot be "
+                                 "forwarded exactly")
         try:
             reply = protocol.parse(agent, upstream.candidate.capability, data)
             if meter is not None:  # what its events reported (or said): in the reply too

@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
+
 from gateway.budgets import NO_LIMIT, Amount, Refusal, Reservation, ScopeLimit, month_key
 from gateway.limits import Limit
 from reach_core.budgets import budget_scope
@@ -203,6 +205,11 @@ class Governor:
         for reservation, actual in unsettled:
             try:
                 await self.ledger.settle(reservation, actual)
+            except redis.ResponseError:
+                # Refused, not unreachable: it would be refused again for ever (and what
+                # ran before the refusal counted each time). Said, and let go.
+                logger.error("budgets: the ledger refused a settlement of %s; dropped",
+                             actual)
             except Exception:
                 self._unsettled.append((reservation, actual))
         batch, self._unflushed = self._unflushed, {}
@@ -210,6 +217,12 @@ class Governor:
             return
         try:
             await self.ledger.add_many({key: Amount(*v) for key, v in batch.items()})
+        except redis.ResponseError:
+            # A pipeline is not a transaction: the commands before the refused one were
+            # applied. Retried, they were applied again on every flush (a break test: a
+            # tenant's request count rose by 100 a second with no traffic).
+            logger.error("budgets: the ledger refused a batch of usage (%d scopes); "
+                         "dropped, not retried", len(batch))
         except Exception:
             self._degraded()
             # Keep them for the next flush rather than under-count a budget.

@@ -113,7 +113,41 @@ def parse_json(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise ReachError("invalid_input", "Request body must be a JSON object.")
     check_parsed(raw, body)
+    if wide_integer(raw):
+        raise ReachError("invalid_input", "An integer in the body is outside -2^63 to "
+                         "2^64-1 and cannot be carried exactly: send it as a string.")
     return body
+
+
+# orjson reads an integer beyond -2**63 .. 2**64-1 as a float, silently rounded (a break
+# test: 100000000000000000000001 reached the agent as 1e23, and two such bodies under one
+# Idempotency-Key were "the same"). Only a text with a run of 19 digits can hold one:
+# only that is read again, exactly.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_WIDEST = (-(2**63), 2**64 - 1)
+
+
+def wide_integer(raw: bytes) -> bool:
+    """Whether the JSON text ``raw`` (already parsed by orjson) holds an integer that
+    orjson cannot carry exactly."""
+    if not _LONG_DIGITS.search(raw):
+        return False
+    found = False
+
+    def integer(literal: str) -> int:
+        nonlocal found
+        try:
+            if not _WIDEST[0] <= int(literal) <= _WIDEST[1]:
+                found = True
+        except ValueError:  # past Python's 4,300 digits for int(): wide too
+            found = True
+        return 0
+
+    try:
+        json.loads(raw, parse_int=integer, parse_float=lambda _: 0.0)
+    except (ValueError, RecursionError):  # what orjson read and this cannot: not ours
+        return False
+    return found
 
 
 def check_parsed(raw: bytes, value) -> None:

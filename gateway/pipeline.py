@@ -191,6 +191,16 @@ class Pipeline:
         self._unmetered = 0
         self._all_metered = asyncio.Event()
         self._all_metered.set()
+        # Keyed replies Redis did not take when their calls ended (away, or hung): by
+        # record key, (owner, body hash, reply, give up at), stored again until it does.
+        self._unstored: dict[str, tuple] = {}
+        self._storing: asyncio.Task | None = None
+
+    def close(self) -> None:
+        """Stop what this pipeline runs beside the calls (the gateway is stopping)."""
+        self.matching.close()
+        if self._storing is not None:
+            self._storing.cancel()
 
     async def all_metered(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until every call begun has been metered."""
@@ -236,7 +246,19 @@ class Pipeline:
                 lease_s = self.config.lease_margin_s + 10.0
                 return await self._under_key(request, ctx, lease_s, lease_s, lambda: (
                     self._submit(request, call, ctx, candidate)))
-            await self._admit(request.table, call, ctx, candidate, payload)
+            try:
+                await self._admit(request.table, call, ctx, candidate, payload)
+            except ReachError as refused:
+                if refused.code != "quota_exceeded" or ctx.idempotency_key is None \
+                        or call.stream:
+                    raise
+                # A retry of a keyed call that ran (its reply lost) must get that reply,
+                # not a refusal for the budget the call itself spent (a break test: a
+                # budget of one request, the retry got 429 "not retryable"). A key
+                # never run, or not finished in time, gets the refusal.
+                metering.outcome = await self._idempotently(
+                    request, ctx, functools.partial(_raise, refused))
+                return metering.outcome
             serve = functools.partial(self._serve, request, call, ctx, candidate, payload)
             if ctx.idempotency_key is not None and not call.stream:
                 metering.outcome = await serve()  # stored and replayed (``_idempotently``)
@@ -609,12 +631,39 @@ class Pipeline:
 
     async def _store_quietly(self, record: str, owner: str, body_hash: str,
                              stored: idempotency.Stored) -> None:
-        # The reply goes out even when it cannot be stored: a duplicate then runs again
-        # once the claim lapses, the agent sees the same Idempotency-Key and can tell.
+        # The reply goes out even when it cannot be stored, and is stored again until
+        # Redis takes it; a duplicate that claims the lapsed key first runs again (the
+        # agent sees the same Idempotency-Key and can tell).
         try:
             await self.idempotency.finish(record, owner, stored, body_hash)
         except Exception:
             IDEMPOTENCY_DEGRADED.inc()
+            self._store_later(record, owner, body_hash, stored)
+
+    def _store_later(self, record: str, owner: str, body_hash: str,
+                     stored: idempotency.Stored) -> None:
+        """Keep storing a reply Redis did not take, until it does: a retry that comes
+        once Redis is back then gets the reply instead of running the call again when
+        the claim lapses (a break test: Redis hung for 7 s at the end of a keyed call,
+        and its retry ran the agent a second time). Bounded in count and in time; a
+        claim taken meanwhile by a retry is left to it (the store refuses the write)."""
+        self._unstored.pop(record, None)
+        self._unstored[record] = (owner, body_hash, stored, time.monotonic() + UNSTORED_FOR_S)
+        while len(self._unstored) > UNSTORED_MAX:
+            del self._unstored[next(iter(self._unstored))]  # the oldest goes
+        if self._storing is None or self._storing.done():
+            self._storing = asyncio.ensure_future(self._store_unstored())
+
+    async def _store_unstored(self) -> None:
+        while self._unstored:
+            await asyncio.sleep(STORE_AGAIN_EVERY_S)
+            for record, (owner, body_hash, stored, until) in list(self._unstored.items()):
+                if time.monotonic() < until:
+                    try:
+                        await self.idempotency.finish(record, owner, stored, body_hash)
+                    except Exception:
+                        break  # still away: the rest waits for the next round
+                self._unstored.pop(record, None)
 
     async def _forget_quietly(self, record: str, owner: str) -> None:
         try:
@@ -827,6 +876,10 @@ class Pipeline:
 
 
 T = TypeVar("T")
+# Storing a keyed reply again after Redis failed to take it (``_store_later``).
+STORE_AGAIN_EVERY_S = 0.5
+UNSTORED_FOR_S = 3600.0
+UNSTORED_MAX = 10_000
 
 
 async def within_deadline(ctx: CallContext, step: Awaitable[T]) -> T:
@@ -851,6 +904,10 @@ async def within_deadline(ctx: CallContext, step: Awaitable[T]) -> T:
                              f"{ctx.caller_budget_ms} ms ran out.") from None
         raise ReachError("service_unavailable", "The gateway could not forward the call "
                          "within its budget; retry shortly.") from None
+
+
+async def _raise(error: ReachError):
+    raise error
 
 
 def _refuse_if_taken(outcome: idempotency.Outcome, lease_s: float) -> None:

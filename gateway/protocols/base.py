@@ -183,11 +183,19 @@ def bad_response(message: str) -> ReachError:
     return ReachError("upstream_bad_response", message)
 
 
+# The most tokens one call may be said to use: more than any model reads and writes in
+# one call. A larger figure (1e20, 2**62, 1e300) is the agent's fault, not usage, and is
+# not believed (as a figure that is no number): taken, it failed the call's usage event
+# (beyond 64 bits) and its budget settlement, retried for ever (a break test).
+MAX_REPORTED_TOKENS = 1_000_000_000
+
+
 def _int(value: Any) -> int:
     try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError):
+        number = int(value or 0)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: infinity
         return 0
+    return number if 0 <= number <= MAX_REPORTED_TOKENS else 0
 
 
 def usage_tokens(usage: Any) -> tuple[int, int]:

@@ -9,7 +9,8 @@
 - ``POST /fail``: HTTP 500; ``POST /refuse``: HTTP 422;
 - ``POST /redirect``: a 302 the gateway must not follow;
 - ``POST /v1/chat/completions``: OpenAI chat; a last message ``die after N`` streams N
-  chunks and then kills this process with SIGKILL, mid-stream;
+  chunks and then kills this process with SIGKILL, mid-stream; ``report usage X`` reports
+  ``X`` (a JSON number, as written) as its tokens, ``answer number X`` answers it;
 - ``POST /a2a``: A2A JSON-RPC; ``message/send`` answers a Message echoing the text,
   ``message/stream`` streams one artifact-update per word, then a final status-update
   reporting usage in ``metadata.usage`` (input 3, output = the number of words);
@@ -89,6 +90,26 @@ async def chat(request: web.Request) -> web.StreamResponse:
     delay = 0.05 if text.startswith("slowly") else 0.01
     if text == "answer html":
         return web.Response(text="<html>oops</html>", content_type="text/html")
+    if text.startswith(("report usage ", "answer number ")):
+        # A figure written as given ("report usage 1e20", "answer number 1" + 30 zeros):
+        # the JSON text itself, which no encoder here would write.
+        literal = words[2]
+        usage = literal if words[0] == "report" else "3"
+        content = literal if words[0] == "answer" else '"ok"'
+        if not body.get("stream"):
+            return web.Response(content_type="application/json", text=(
+                '{"id": "c1", "object": "chat.completion", "created": 0, "choices": [{"index": '
+                f'0, "message": {{"role": "assistant", "content": "ok", "n": {content}}}, '
+                f'"finish_reason": "stop"}}], "usage": {{"prompt_tokens": {usage}, '
+                f'"completion_tokens": {usage}}}}}'))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"delta": {"content": "ok"}}]}\n\n'
+                             b'data: {"choices": [], "usage": {"prompt_tokens": '
+                             + usage.encode() + b', "completion_tokens": 1}}\n\n'
+                             b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
     if not body.get("stream"):
         return web.json_response({
             "id": "c1", "object": "chat.completion", "created": int(time.time()),
