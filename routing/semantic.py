@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from routing.text import asks_for_something
+
 # Everyday requests no agent of an organisation serves: the floor a request's
 # similarities are read against.
 BACKGROUND = (
@@ -48,7 +50,10 @@ def units(display_name: str, keywords: Sequence[str], description: str,
     out = [head] if head else []
     out += [s.strip() for s in _SENTENCE.split(description) if s.strip()]
     out += [e for e in examples if e.strip()]
-    return out
+    # A text that says nothing ("x", "-", "TBD ok") means nothing: embedded, it sat
+    # near every short request and drew them (a break test: a public capability
+    # described as "x" took another tenant's "go", "run" and "查一下", and their input).
+    return [u for u in out if asks_for_something(u)]
 
 
 def negatives(not_for: Sequence[str]) -> list[str]:

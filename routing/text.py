@@ -78,10 +78,12 @@ def asks_for_something(text: str) -> bool:
     "ok", "嗯", "然后", "???", a lone number or emoji) says nothing, and no score can make
     it a request: a break test's "the" went to a localisation agent at 0.78 confidence
     (its meaning-score, 0.2 for any short text against a short description, was enough).
-    A letter of any other script counts: the sentence encoder reads many languages."""
+    A lone Latin letter says nothing either ("x"); a letter of another script counts:
+    the sentence encoder reads many languages."""
     text = normalise(text)
     for word in _ASCII_WORD.findall(text):
-        if not (word in STOPWORDS or word in _FILLER_WORDS or word.isdigit()):
+        if not (len(word) < 2 or word in STOPWORDS or word in _FILLER_WORDS
+                or word.isdigit()):
             return True
     rest = _ASCII_WORD.sub(" ", text)
     return any(unicodedata.category(ch).startswith("L") and ch not in CJK_STOP

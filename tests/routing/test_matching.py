@@ -154,6 +154,11 @@ def test_a_request_that_says_nothing_is_refused_however_close_it_scores(encoder,
         .capability_id == "app.localize"
     assert index.match("util.any").best.capability_id == "util.any"
     assert index.match("明天杭州天气怎么样").best.capability_id == "weather.forecast"
+    # A description that says nothing draws nothing: "x" took "go", "run", "查一下"
+    # (and, public, another tenant's calls and their input).
+    for text in ("go", "run", "查一下", "do it now", "run the thing"):
+        match = index.match(text)
+        assert all(s.capability_id != "util.any" for s in match.ranked), (text, match.ranked)
 
 
 @pytest.mark.parametrize("embedded", [True, False])
