@@ -255,6 +255,10 @@ def test_an_exact_capability_id_scores_one(index):
     ("Summarize this 40-page report, then make slides of it", ("doc.summarize", "slides.generate")),
     ("把这段采访录音转成文字，然后翻译成英文", ("speech.transcribe", "translate.text")),
     ("查一下上个月各区域的销售额，接着做成柱状图", ("data.text_to_sql", "data.chart")),
+    # A step naming its action but not its object (helper-43: "发给 Tom" was dropped,
+    # and draft-then-send became one step).
+    ("帮我起草一封邮件然后发给 Tom", ("email.draft", "email.send")),
+    ("把这份报告摘要一下，再发给 Tom", ("doc.summarize", "email.send")),
 ])
 def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, text, plan):
     match = index.match(text)
