@@ -122,15 +122,17 @@ def parse_json(raw: bytes) -> dict:
 # orjson reads an integer beyond -2**63 .. 2**64-1 as a float, silently rounded (a break
 # test: 100000000000000000000001 reached the agent as 1e23, and two such bodies under one
 # Idempotency-Key were "the same"). Only a text with a run of 19 digits can hold one:
-# only that is read again, exactly.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# only that is read again, exactly. The run is looked for in the text with every digit
+# made "0" and all else " " (a regular expression took 8 us on a 300-byte reply).
+_DIGITS_AS_ZERO = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_NINETEEN_DIGITS = b"0" * 19
 _WIDEST = (-(2**63), 2**64 - 1)
 
 
 def wide_integer(raw: bytes) -> bool:
     """Whether the JSON text ``raw`` (already parsed by orjson) holds an integer that
     orjson cannot carry exactly."""
-    if not _LONG_DIGITS.search(raw):
+    if _NINETEEN_DIGITS not in raw.translate(_DIGITS_AS_ZERO):
         return False
     found = False
 
