@@ -66,13 +66,18 @@ class Outcome(StrEnum):
     BUSY = "busy"
 
 
-def fingerprint(body: bytes) -> str:
+def fingerprint(body: bytes, intent: str | None = None) -> str:
     """What makes two requests under one key the same request: their JSON value, not
     its spelling (a client that serialises again on retry may order keys or space them
-    differently). A body that is not JSON is taken byte for byte."""
+    differently), and the intent a header gave (the chat door's ``X-Reach-Intent``: a
+    re-test replayed a call under the same key with another intent). A body that is not
+    JSON is taken byte for byte."""
     with contextlib.suppress(orjson.JSONDecodeError, orjson.JSONEncodeError):
         body = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(body).hexdigest()
+    digest = hashlib.sha256(body)
+    if intent is not None:  # (none: the same hash as before the header counted)
+        digest.update(b"\0intent:" + intent.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def record_key(tenant_pk: int, key: str) -> str:

@@ -353,7 +353,7 @@ class Pipeline:
         task, created = await self.tasks.submitted(TaskSubmission(
             tenant_pk=ctx.tenant_pk, request_id=ctx.request_id, request=spec.request,
             capability=candidate.capability.capability_id,
-            fingerprint=idempotency.fingerprint(request.raw),
+            fingerprint=_fingerprint(request),
             idempotency_key=ctx.idempotency_key, callback_url=spec.callback_url,
             signing_secret=spec.signing_secret))
         ctx.metered = False
@@ -530,7 +530,7 @@ class Pipeline:
         the call runs; only the call's own results are stored."""
         store, owner = self.idempotency, idempotency.new_owner()
         record = idempotency.record_key(request.key.tenant_pk, ctx.idempotency_key)
-        body_hash = idempotency.fingerprint(request.raw)
+        body_hash = _fingerprint(request)
         lease_s = ctx.budget_ms / 1000 + self.config.lease_margin_s
         try:
             # A duplicate waits for the first call up to a little before its deadline,
@@ -597,7 +597,7 @@ class Pipeline:
         Redis away only that check is lost (counted): these run as before."""
         owner = idempotency.new_owner()
         record = idempotency.record_key(request.key.tenant_pk, ctx.idempotency_key)
-        body_hash = idempotency.fingerprint(request.raw)
+        body_hash = _fingerprint(request)
         try:
             outcome, _ = await within_deadline(ctx, idempotency.claim_or_wait(
                 store=self.idempotency, key=record, body_hash=body_hash, owner=owner,
@@ -904,6 +904,11 @@ async def within_deadline(ctx: CallContext, step: Awaitable[T]) -> T:
                              f"{ctx.caller_budget_ms} ms ran out.") from None
         raise ReachError("service_unavailable", "The gateway could not forward the call "
                          "within its budget; retry shortly.") from None
+
+
+def _fingerprint(request: Request) -> str:
+    """The request as its Idempotency-Key must stay bound to (``idempotency.fingerprint``)."""
+    return idempotency.fingerprint(request.raw, header(request.scope, b"x-reach-intent"))
 
 
 async def _raise(error: ReachError):

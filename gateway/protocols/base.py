@@ -191,9 +191,13 @@ MAX_REPORTED_TOKENS = 1_000_000_000
 
 
 def _int(value: Any) -> int:
+    # A JSON number only: "99999999" or true is no token count (a re-test: a string
+    # figure spent a tenant's monthly token budget in one call).
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
     try:
-        number = int(value or 0)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: infinity
+        number = int(value)
+    except (ValueError, OverflowError):  # NaN, infinity
         return 0
     return number if 0 <= number <= MAX_REPORTED_TOKENS else 0
 

@@ -38,10 +38,12 @@ def test_usage_no_call_can_have_is_not_believed_and_the_call_is_metered_once(
         scripted, stream):
     """1e20, 2^62, 1e300 reported as tokens: the caller got a 500 (a 64-bit overflow
     writing the usage event), no usage event was kept, and the budget settlement was
-    retried for ever. Now such a figure counts as none; the call is answered and metered
-    once; a figure in range is the agent's, as before."""
+    retried for ever; the re-test: a string "99999999" was believed and spent a monthly
+    token budget in one call. Now such a figure counts as none; the call is answered and
+    metered once; a number in range is the agent's, as before."""
     table, key = route_table(scripted_agents(scripted.endpoint))
-    figures = {"1e20": 0, str(2**62): 0, "1e300": 0, "-5": 0, "7.0": 7,
+    figures = {"1e20": 0, str(2**62): 0, "1e300": 0, "-5": 0, "7.0": 7, '"99999999"': 0,
+               "true": 0, "[3]": 0,
                str(MAX_REPORTED_TOKENS): MAX_REPORTED_TOKENS,
                str(MAX_REPORTED_TOKENS + 1): 0}
 

@@ -211,6 +211,12 @@ def test_a_replayed_intent_call_says_its_routing_as_the_first_reply_did(gateway)
         [first.headers[name] for name in routing]
     assert first.headers["x-reach-capability"] == "weather.forecast"
     assert again.content == first.content
+    # The intent is part of the request the key is bound to (a re-test: the same body
+    # with another X-Reach-Intent was replayed as the first call).
+    other = client.post("/v1/chat/completions", json=body, headers={
+        **headers, "X-Reach-Intent": "把这段话翻译成英文".encode()})
+    assert other.status_code == 422, other.text
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
     assert calls(agent) == 1
 
 def test_an_intent_of_several_steps_runs_the_first_and_says_the_plan(gateway):
