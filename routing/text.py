@@ -68,7 +68,7 @@ def normalise(text: str) -> str:
 _FILLER_WORDS = frozenset(
     """hello yes yeah yep no nope hmm hm um uh ah oh lol test testing ping again now
     here there what how why something anything stuff thing things""".split())
-_FILLER_CJK = frozenset("嗯啊哦噢呃哈嘿喂唉诶哎好行对然后测试谢什么怎样呗嘛")
+_FILLER_CJK = frozenset("嗯啊哦噢呃哈嘿喂唉诶哎好行对然后测试谢什么怎样呗嘛弄搞")
 _ASCII_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
 
 

@@ -133,7 +133,7 @@ def test_an_unrelated_request_is_refused_whatever_its_language(encoder):
 
 
 FILLER = ("the", "a", "的", "ok", "嗯", "???", "然后", "and then", "help me", "帮我", "test",
-          "好的", "👍", "12345", "hi there")
+          "好的", "👍", "12345", "hi there", "帮我弄一下", "搞一下")
 
 
 @pytest.mark.parametrize("embedded", [True, False])
