@@ -382,22 +382,27 @@ def test_another_tenants_private_texts_never_move_a_decision(encoder, embedded):
     intents = ("这段日文是什么意思，帮我翻译一下", "write a polite reply declining the invitation",
                "turn the recording into minutes", "translate this paragraph into Japanese")
 
-    def decisions(*agents):
-        holder = IntentIndexHolder(embedder=encoder if embedded else None)
-        routes = table(*agents)
-        holder.update(routes)
-        router = Router(index=holder)
-        return [router.route(routes, RouteRequest(tenant_pk=1, intent=text),
-                             pick=False).explain() for text in intents]
-
-    before = decisions(*mine)
+    before = _tenant_one_decisions(encoder if embedded else None, intents, mine)
     assert before[0]["capability"] == "lang.translate", before[0]
-    after = decisions(*mine, *stuffed)
+    _same_decisions(_tenant_one_decisions(encoder if embedded else None, intents,
+                                          [*mine, *stuffed]), before, embedded)
+
+
+def _tenant_one_decisions(embedder, intents, agents) -> list[dict]:
+    """Tenant 1's dry runs of ``intents`` over a table of ``agents``."""
+    holder = IntentIndexHolder(embedder=embedder)
+    routes = table(*agents)
+    holder.update(routes)
+    router = Router(index=holder)
+    return [router.route(routes, RouteRequest(tenant_pk=1, intent=text),
+                         pick=False).explain() for text in intents]
+
+
+def _same_decisions(after, before, embedded: bool) -> None:
     if embedded:  # a larger matrix product may round the same rows' similarities in the
         _same_but_for_last_bits(after, before)  # last bits (CI saw it)
     else:
         assert after == before
-
 
 
 @pytest.mark.parametrize("embedded", [True, False])
@@ -417,21 +422,10 @@ def test_another_tenants_private_words_are_not_the_spelling_correctors(encoder, 
         "display_name": "Codename", "description": "Project payrolk and quorvex archive."})]
     intents = ("payrolk for march", "quorvex", "quorvez")
 
-    def decisions(*agents):
-        holder = IntentIndexHolder(embedder=encoder if embedded else None)
-        routes = table(*agents)
-        holder.update(routes)
-        router = Router(index=holder)
-        return [router.route(routes, RouteRequest(tenant_pk=1, intent=text),
-                             pick=False).explain() for text in intents]
-
-    before = decisions(*mine)
+    before = _tenant_one_decisions(encoder if embedded else None, intents, mine)
     assert before[0]["capability"] == "hr.payroll", before[0]
-    after = decisions(*mine, *secret)
-    if embedded:
-        _same_but_for_last_bits(after, before)
-    else:
-        assert after == before
+    _same_decisions(_tenant_one_decisions(encoder if embedded else None, intents,
+                                          [*mine, *secret]), before, embedded)
 
 def _same_but_for_last_bits(got, want, where="") -> None:
     if isinstance(want, float) and isinstance(got, float):
