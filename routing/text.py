@@ -65,10 +65,16 @@ def normalise(text: str) -> str:
 
 # On their own these ask for nothing: greetings, assent, hesitation, a test ping. With
 # ``STOPWORDS`` and ``CJK_STOP`` they make the requests no capability can be chosen by.
+# Generic actions too ("run", "check", "查一下", "执行"): they say to act, not on what.
+# Alone they drew any vaguely described capability ("TBD") at 0.5–0.8, and one feedback
+# of "go" taught a capability every "go" (helper-45).
 _FILLER_WORDS = frozenset(
     """hello yes yeah yep no nope hmm hm um uh ah oh lol test testing ping again now
-    here there what how why something anything stuff thing things""".split())
-_FILLER_CJK = frozenset("嗯啊哦噢呃哈嘿喂唉诶哎好行对然后测试谢什么怎样呗嘛弄搞")
+    here there what how why something anything stuff thing things
+    go run check execute start begin proceed continue process handle look see try done
+    finish perform work use launch action task job request""".split())
+_FILLER_CJK = frozenset("嗯啊哦噢呃哈嘿喂唉诶哎好行对然后测试谢什么怎样呗嘛弄搞"
+                        "查看做办执运处理开始继续跑用")
 _ASCII_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
 
 

@@ -113,13 +113,15 @@ def test_an_explicit_miss_is_learned_for_its_tenant_only(
 @pytest.mark.django_db
 def test_feedback_that_says_nothing_teaches_nothing(world, django_capture_on_commit_callbacks):
     """Break test (helper-43): one report of "帮我" made a phrase that drew "help me" and
-    other requests near it in meaning to its capability. Filler is marked learned (it
-    is done with) and makes no phrase; a report that says something still does."""
-    route_feedback_store([event(world.tenant_a, text, "report.build")
-                          for text in ("帮我", "Help me!", "ok", "嗯 然后", "the")]
+    other requests near it in meaning to its capability; its re-test (helper-45) taught
+    with "go" and "查一下", generic actions that name nothing to act on. Filler is marked
+    learned (it is done with) and makes no phrase; a report that says something still
+    does."""
+    said_nothing = ("帮我", "Help me!", "ok", "嗯 然后", "the", "go", "Run it", "查一下", "执行")
+    route_feedback_store([event(world.tenant_a, text, "report.build") for text in said_nothing]
                          + [event(world.tenant_a, "numbers for the board", "report.build")])
     counts = learn(django_capture_on_commit_callbacks)
-    assert counts["feedback"] == 6 and counts["phrases"] == 1
+    assert counts["feedback"] == len(said_nothing) + 1 and counts["phrases"] == 1
     assert list(LearnedPhrase.objects.values_list("phrase", flat=True)) == [
         "numbers for the board"]
     assert not RouteFeedback.objects.filter(learned_at__isnull=True).exists()

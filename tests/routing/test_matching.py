@@ -162,6 +162,22 @@ def test_a_request_that_says_nothing_is_refused_however_close_it_scores(encoder,
 
 
 @pytest.mark.parametrize("embedded", [True, False])
+def test_a_generic_action_alone_is_refused_not_guessed(encoder, embedded):
+    """Re-test (helper-45): capabilities described "TBD", or "x" under a display name that
+    is only their id, drew "run", "check", "执行" at 0.5-0.8. A generic action says to
+    act, not on what: alone it is refused; with an object it routes."""
+    catalogue = [CapabilityText("misc.tbd", "", "TBD"),
+                 CapabilityText("misc.x", "misc.x", "x"), *OTHERS]
+    index = IntentIndex(catalogue, embedder=encoder if embedded else None)
+    for text in ("run", "check", "go", "execute", "continue", "Run it!", "check this",
+                 "执行", "查一下", "处理一下", "继续", "帮我看看"):
+        match = index.match(text)
+        assert match.best is None and match.confidence == 0.0, (text, match.ranked)
+    assert index.match("查一下明天杭州的天气").best.capability_id == "weather.forecast"
+    assert index.match("misc.tbd").best.capability_id == "misc.tbd"
+
+
+@pytest.mark.parametrize("embedded", [True, False])
 def test_a_learned_phrase_that_says_nothing_steers_nothing(encoder, embedded):
     """Break test (helper-43): one feedback "帮我" -> refund.apply sent "help me" there at
     0.99 and pulled "我的快递到哪了" into a tie with refund.apply."""
