@@ -24,7 +24,7 @@ from reach_core.errors import ReachError
 from reach_core.numbers import rounded
 from routing.router import RouteRequest, capability_visible, visible_to
 from routing.table import RouteTable, name_key
-from routing.text import says_nothing
+from routing.text import holds_control, says_nothing
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
 _VERSION = re.compile(r"v?\d{1,9}(?:\.\d{1,9}){0,3}")
@@ -187,10 +187,13 @@ def checked_intent(intent: str, name: str) -> str:
     """``intent`` (named ``name`` in errors) when it can be matched; else a 400. The same
     rules on every door: a break test sent through the chat door's header the 15,000
     characters the body's field refused, and held every tenant's calls for 1.5 s."""
-    if says_nothing(intent) or "\x00" in intent:
+    if says_nothing(intent):
         raise ReachError("invalid_input", f"'{name}' must say what is wanted: not only "
-                         "spaces or invisible characters, and no NUL.",
-                         details={name: ["empty or NUL"]})
+                         "spaces or invisible characters.", details={name: ["empty"]})
+    if holds_control(intent):
+        raise ReachError("invalid_input", f"'{name}' holds a control character (a NUL, "
+                         "an escape...): send text only; tabs and line breaks are fine.",
+                         details={name: ["holds a control character"]})
     if len(intent) > MAX_INTENT_CHARS:
         # Matching costs in proportion to the text: a long one would hold the event loop
         # (a break test: 750 KB intents held every other call for seconds).

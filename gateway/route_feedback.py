@@ -34,7 +34,7 @@ from reach_core.errors import ReachError
 from reach_core.kinds import FeedbackSource, Outcome
 from routing.router import RouteRequest, capability_visible
 from routing.table import ApiKeyEntry, RouteTable
-from routing.text import says_nothing
+from routing.text import holds_control, says_nothing
 
 MAX_INTENT_CHARS = 1000
 MAX_CAPABILITY_CHARS = 128
@@ -95,8 +95,8 @@ class FeedbackRecorder:
         routed_to = body.get("routed_to")
         if not isinstance(intent, str) or says_nothing(intent):
             problems["intent"] = ["is required: the request's text"]
-        elif "\x00" in intent:
-            problems["intent"] = ["holds a NUL character"]
+        elif holds_control(intent):
+            problems["intent"] = ["holds a control character (a NUL, an escape...)"]
         elif len(intent) > MAX_INTENT_CHARS:
             problems["intent"] = [f"must be 1 to {MAX_INTENT_CHARS} characters of text"]
         if not isinstance(capability, str) or not capability:
@@ -107,7 +107,7 @@ class FeedbackRecorder:
             problems["capability"] = ["is not a capability this key can use"]
         if routed_to is not None and (not isinstance(routed_to, str)
                                       or len(routed_to) > MAX_CAPABILITY_CHARS
-                                      or "\x00" in routed_to):
+                                      or holds_control(routed_to)):
             problems["routed_to"] = [f"must be a capability id (at most "
                                      f"{MAX_CAPABILITY_CHARS} characters)"]
         if problems:
@@ -131,7 +131,7 @@ class FeedbackRecorder:
         """``key`` asked for ``intent`` and the router chose ``routed_to`` (None: nothing)
         in a dry run, or in a call that failed: remember it for ``window_s``."""
         if not intent or says_nothing(intent) or len(intent) > MAX_INTENT_CHARS \
-                or "\x00" in intent:
+                or holds_control(intent):
             return
         self._tried[key.pk] = _Tried(key.tenant_pk, intent, routed_to or "", self._clock())
         self._tried.move_to_end(key.pk)

@@ -281,6 +281,16 @@ def _too_short(part: str) -> bool:
     return not _ACTION.search(normalise(part))
 
 
+# Control characters other than tab and line breaks: no request holds them, and kept
+# (feedback rows, the admin's list of misses, log lines) an escape sequence would paint
+# a terminal or hide the text around it.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def holds_control(text: str) -> bool:
+    return _CONTROL.search(text) is not None
+
+
 # Letters and symbols drawn as nothing or standing for nothing: the Hangul fillers, the
 # blank braille cell, the object-replacement and replacement characters.
 _BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\ufffc\ufffd")

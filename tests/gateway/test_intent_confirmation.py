@@ -124,8 +124,11 @@ def test_a_request_nothing_matches_is_refused_with_suggestions(gateway):
 
 def test_intents_that_say_nothing_are_refused_as_input(gateway):
     client, agent = gateway
+    # Control characters too (helper-45: an ANSI escape or a bell in an intent was
+    # routed, and kept in the feedback rows and the admin's list of misses).
     for intent in ("   ", "\u0000", "\t\n", "abc\u0000def", "\u200b\u200b\u200b",
-                   "\ufeff \u200d"):
+                   "\ufeff \u200d", "weather \x1b[2J\x1b[31mtomorrow", "weather\x07",
+                   "weather\x7f", "weather\x9b"):
         answer = client.post("/v1/invoke", json={"intent": intent, "input": {}})
         assert answer.status_code == 400, (intent, answer.text)
         assert answer.json()["error"]["details"]["intent"]
@@ -142,8 +145,10 @@ def test_the_chat_doors_intent_header_is_held_to_the_same_rules(gateway):
     field refused, and its matching held every tenant's calls for 1.5 s."""
     client, agent = gateway
     body = {"model": "intent", "messages": [{"role": "user", "content": "hi"}]}
-    for value, problem in (("q " + "a," * 7500, "too long"), ("weather%00", "empty or NUL"),
-                           ("%E2%80%8B%E2%80%8B", "empty or NUL")):
+    for value, problem in (("q " + "a," * 7500, "too long"),
+                           ("weather%00", "holds a control character"),
+                           ("weather%1B[31m", "holds a control character"),
+                           ("%E2%80%8B%E2%80%8B", "empty")):
         answer = client.post("/v1/chat/completions", json=body,
                              headers={"X-Reach-Intent": value})
         assert answer.status_code == 400, answer.text

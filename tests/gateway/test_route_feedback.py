@@ -63,7 +63,10 @@ def test_bad_feedback_gets_a_structured_400_naming_each_field(gateway):
     # Each problem is named as it is (helper-43: a NUL was "must be 1 to 1000 characters").
     nul = assert_error(post(gateway, {"intent": "nul\x00", "capability": "echo.all"}), 400,
                        "invalid_input")
-    assert nul["details"] == {"intent": ["holds a NUL character"]}
+    assert nul["details"] == {"intent": ["holds a control character (a NUL, an escape...)"]}
+    escape = assert_error(post(gateway, {"intent": "numbers \x1b[8m", "capability": "echo.all",
+                                         "routed_to": "echo\x07"}), 400, "invalid_input")
+    assert set(escape["details"]) == {"intent", "routed_to"}
     # Nothing of them was shipped: a good one sent after is the only row that arrives.
     assert post(gateway, {"intent": "sentinel", "capability": "echo.all"}).status_code == 202
     assert [row.intent for row in arrived(gateway)] == ["sentinel"]
