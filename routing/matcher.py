@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -89,8 +90,8 @@ KEYWORD_BONUS_CAP = 0.5
 # keep only this share of their lexical score.
 OTHER_LANGUAGE_PENALTY = 0.7
 # One capability scoring at least this share of every part's best covers the whole
-# request (no plan); a part whose best is an earlier step takes its runner-up when that
-# scores this share of the best. Both chosen on the tuning set.
+# request (no plan); parts whose best is the same capability may take another that
+# scores this share of their best (``_distinct_steps``). Both chosen on the tuning set.
 COVER_SHARE = 0.7
 REPEAT_SHARE = 0.8
 # A later step that names its action but not its object ("然后发给 Tom") scores below the
@@ -727,13 +728,7 @@ class IntentIndex:
         sureness: list[float] = []
         first_step: tuple[Score, ...] = ()
         first_margin = 0.0
-        for ranked in per_clause:
-            step = ranked[0] if ranked else None
-            if step is not None and step.capability_id in plan:
-                # "Draft it, then send it": a part whose best is an earlier step takes its
-                # next match when that is nearly as good; else it is a detail of that step.
-                step = next((s for s in ranked[1:3] if s.capability_id not in plan
-                             and s.score >= REPEAT_SHARE * ranked[0].score), None)
+        for ranked, step in zip(per_clause, _distinct_steps(per_clause), strict=True):
             if step is not None:
                 ordered = (step, *[r for r in ranked if r is not step])
                 sure = self._sureness(ordered)
@@ -782,6 +777,34 @@ class IntentIndex:
             # 0.99 here), and a near tie little better: up to 1.0 at the margin's edge.
             confidence = min(confidence, 0.5 + 0.5 * margin / AMBIGUITY_MARGIN)
         return {"confidence": round(confidence, 4), "margin": round(margin, 4)}
+
+
+def _distinct_steps(per_clause: Sequence[Sequence[Score]]) -> list[Score | None]:
+    """Each part's step: a capability of its own, the part's best or one nearly as good
+    (``REPEAT_SHARE`` of it, among its best three), or None (a detail of another step).
+    Of the ways to choose, the one with the most steps, then the highest total score:
+    "polish it first (in Chinese), then translate it to English" had its first part
+    matched best to translation, and the second, which has nothing else, was dropped;
+    a part-by-part choice can only move the later part ("draft it, then send it")."""
+    bests = [ranked[0] if ranked else None for ranked in per_clause]
+    ids = [s.capability_id for s in bests if s is not None]
+    if len(ids) == len(set(ids)):
+        return bests  # no two parts want the same capability: each takes its best
+    options = [[None, *(s for s in ranked[:3] if s.score >= REPEAT_SHARE * ranked[0].score)]
+               if ranked else [None] for ranked in per_clause]
+    best: tuple | None = None
+    chosen: tuple = ()
+    for steps in itertools.product(*options):
+        ids = [s.capability_id for s in steps if s is not None]
+        if len(ids) != len(set(ids)):
+            continue
+        # Ties go to the earlier parts: they keep a step, and their best.
+        rank = (len(ids), round(sum(s.score for s in steps if s is not None), 9),
+                tuple(s is not None for s in steps),
+                tuple(s is part[0] for part, s in zip(per_clause, steps, strict=True)))
+        if best is None or rank > best:
+            best, chosen = rank, steps
+    return list(chosen)
 
 
 def calibrated(over: float, margin: float, *, semantic: bool) -> float:

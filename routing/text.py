@@ -233,6 +233,9 @@ def features(text: str) -> Counter:
     return out
 
 
+# "2024-01-01 之后", "三天以后": after a time is a when, not a next step (a tuning request
+# "查 2024-01-01 之后 GMV 超过 10 万的 SKU" became a plan of two).
+_NOT_AFTER_A_TIME = r"(?<![\d日号月年点天周时分秒])(?<![\d日号月年点天周时分秒]\s)"
 # Where a request asks for two things in order. Longest first, so "然后再" wins over "再".
 _EN_VERBS = (
     r"summari[sz]e|translate|email|e-mail|send|write|draft|make|create|generate|turn|convert|"
@@ -241,8 +244,10 @@ _EN_VERBS = (
 )
 _ZH_VERBS = r"翻译|总结|概括|发|写|生成|画|统计|提取|整理|搜|查|算|做|约|提交|再"
 _SPLITTERS = re.compile(
-    r"(?:然后再|然后|之后再|之后|接着|随后|完了再|以后再|最后再|顺便再|顺便|并且|同时|另外|(?<=的话)"
-    r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])|再(?=[把将帮给用发翻转做写生总提画统查订约])"
+    r"(?:然后再|然后|" + _NOT_AFTER_A_TIME + r"(?:之后再|之后|以后再)"
+    r"|接着|随后|完了再|最后再|顺便再|顺便|并且|同时|另外|(?<=的话)"
+    r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])"
+    r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约])"
     rf"|[，,]\s*(?=(?:{_ZH_VERBS}))"
     rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)"
     r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"

@@ -275,6 +275,11 @@ def test_an_exact_capability_id_scores_one(index):
     # and draft-then-send became one step).
     ("帮我起草一封邮件然后发给 Tom", ("email.draft", "email.send")),
     ("把这份报告摘要一下，再发给 Tom", ("doc.summarize", "email.send")),
+    # Two parts whose best is one capability: the part with a near second takes it, the
+    # earlier part too (the first part, in Chinese, matched translation best).
+    ("把这份中文稿子先润色一下，然后翻成英文", ("text.polish", "translate.text")),
+    ("Check where order 55102 is at; if it never shipped I want my money back",
+     ("order.status", "refund.request")),
 ])
 def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, text, plan):
     match = index.match(text)
@@ -302,6 +307,10 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
         "查一下订单的状态，如果已经发货了", "查一下物流轨迹"]
     assert clauses("先约张总开会，再订个会议室") == ["先约张总开会", "订个会议室"]
     assert len(clauses("帮我再查一下订单 123")) == 1
+    # After a time is when, not what next.
+    assert clauses("查 2024-01-01 之后下的订单") == ["查 2024-01-01 之后下的订单"]
+    assert clauses("三天以后再提醒我") == ["三天以后再提醒我"]
+    assert clauses("整理成纪要，之后发邮件给大家") == ["整理成纪要", "发邮件给大家"]
 
 
 # ---- learned phrases ------------------------------------------------------------------
