@@ -72,9 +72,10 @@ _FILLER_WORDS = frozenset(
     """hello yes yeah yep no nope hmm hm um uh ah oh lol test testing ping again now
     here there what how why something anything stuff thing things
     go run check execute start begin proceed continue process handle look see try done
-    finish perform work use launch action task job request""".split())
+    finish perform work use launch action task job request
+    ahead whatever another one more else same usual anyway""".split())
 _FILLER_CJK = frozenset("嗯啊哦噢呃哈嘿喂唉诶哎好行对然后测试谢什么怎样呗嘛弄搞"
-                        "查看做办执运处理开始继续跑用")
+                        "查看做办执运处理开始继续跑用随便忙")
 _ASCII_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
 
 
@@ -92,8 +93,11 @@ def asks_for_something(text: str) -> bool:
                 or word.isdigit()):
             return True
     rest = _ASCII_WORD.sub(" ", text)
-    return any(unicodedata.category(ch).startswith("L") and ch not in CJK_STOP
-               and ch not in _FILLER_CJK for ch in rest)
+    letters = [ch for ch in rest if unicodedata.category(ch).startswith("L")
+               and ch not in CJK_STOP and ch not in _FILLER_CJK]
+    # One letter of an alphabet says nothing ("Ж", "é"; helper-46 taught a capability
+    # "Ж"); one ideograph may be a word ("税").
+    return len(letters) > 1 or (len(letters) == 1 and _CJK.fullmatch(letters[0]) is not None)
 
 _PHRASE_TRIM = " \t.,;:!?…。，；：！？、\"'“”‘’()（）"
 

@@ -117,7 +117,8 @@ def test_feedback_that_says_nothing_teaches_nothing(world, django_capture_on_com
     with "go" and "查一下", generic actions that name nothing to act on. Filler is marked
     learned (it is done with) and makes no phrase; a report that says something still
     does."""
-    said_nothing = ("帮我", "Help me!", "ok", "嗯 然后", "the", "go", "Run it", "查一下", "执行")
+    said_nothing = ("帮我", "Help me!", "ok", "嗯 然后", "the", "go", "Run it", "查一下", "执行",
+                    "go ahead", "whatever", "随便", "帮忙看一下", "another one", "Ж")
     route_feedback_store([event(world.tenant_a, text, "report.build") for text in said_nothing]
                          + [event(world.tenant_a, "numbers for the board", "report.build")])
     counts = learn(django_capture_on_commit_callbacks)

@@ -170,7 +170,9 @@ def test_a_generic_action_alone_is_refused_not_guessed(encoder, embedded):
                  CapabilityText("misc.x", "misc.x", "x"), *OTHERS]
     index = IntentIndex(catalogue, embedder=encoder if embedded else None)
     for text in ("run", "check", "go", "execute", "continue", "Run it!", "check this",
-                 "执行", "查一下", "处理一下", "继续", "帮我看看"):
+                 "执行", "查一下", "处理一下", "继续", "帮我看看",
+                 # helper-46: each taught a capability as feedback.
+                 "go ahead", "whatever", "another one", "随便", "帮忙看一下", "Ж"):
         match = index.match(text)
         assert match.best is None and match.confidence == 0.0, (text, match.ranked)
     assert index.match("查一下明天杭州的天气").best.capability_id == "weather.forecast"
