@@ -252,7 +252,7 @@ _SPLITTERS = re.compile(
     r"|接着|随后|完了再|最后再|顺便再|顺便|并且|同时|另外|(?<=的话)"
     r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])"
     r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约])"
-    rf"|[，,]\s*(?=(?:{_ZH_VERBS}))"
+    rf"|[，,]\s*(?=(?:{_ZH_VERBS}|首先|先))"
     rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)"
     r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"
     r"|\bonce (?:done|that'?s done|finished)\b|\bwhen (?:done|finished)\b"
@@ -262,10 +262,46 @@ _SPLITTERS = re.compile(
 )
 
 
+# "退款之前先查一下订单状态", "Before refunding, check the order status": the part
+# after "before" is done first. Read in the order said, a plan ran the refund first
+# (helper-46).
+_BEFORE = re.compile(r"^(?P<later>.+?)(?:之前|以前)[，,]?\s*(?P<first>先.+)$"
+                     r"|^\s*before\s+(?P<later_en>[^,;，；]+)[,;，；]\s*(?P<first_en>.+)$",
+                     re.IGNORECASE | re.DOTALL)
+# A later part that says it comes first: "如果要退款的话，先查一下订单状态", "…, check
+# the status first".
+_FIRST = re.compile(r"^(?:首先|先)|^first\b|\bfirst$", re.IGNORECASE)
+_A_TIME = re.compile(r"[\d一二三四五六七八九十日天号月年点周时分秒]$|\b(?:today|tomorrow|tonight|"
+                     r"monday|tuesday|wednesday|thursday|friday|saturday|sunday|noon|"
+                     r"midnight|[ap]m|morning|evening|afternoon|week|month|year)$",
+                     re.IGNORECASE)
+# An English "before" starts a step when an action follows it: "before refunding",
+# "before you send it".
+_DOING = re.compile(rf"^(?:(?:you|we|i|they)\s+)?(?:\w+ing\b|(?:{_EN_VERBS})\b)",
+                    re.IGNORECASE)
+
+
 def clauses(text: str) -> list[str]:
-    """Split a request at sequencing words; returns ``[text]`` when there is nothing to split.
+    """Split a request at sequencing words, in the order the steps are to run; returns
+    ``[text]`` when there is nothing to split.
 
     A fragment too short to ask for anything ("写完", "ok") joins its neighbour."""
+    before = _BEFORE.match(text)
+    if before is not None:
+        first = before["first"] or before["first_en"]
+        later = before["later"] or before["later_en"]
+        # Before a time ("周五之前先…", "before Friday, …") is when, not a step.
+        if not _A_TIME.search(later) and (before["later"] or _DOING.search(later)):
+            return _in_order(first) + _in_order(later)
+        return _in_order(text)
+    parts = _in_order(text)
+    marked = [i for i, part in enumerate(parts) if _FIRST.search(part)]
+    if marked and marked[0] > 0:
+        parts.insert(0, parts.pop(marked[0]))
+    return parts
+
+
+def _in_order(text: str) -> list[str]:
     out: list[str] = []
     for part in (p.strip(" ,，。.!！?？") for p in _SPLITTERS.split(text)):
         if not part:

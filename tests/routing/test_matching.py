@@ -282,6 +282,11 @@ def test_an_exact_capability_id_scores_one(index):
     ("把这份中文稿子先润色一下，然后翻成英文", ("text.polish", "translate.text")),
     ("Check where order 55102 is at; if it never shipped I want my money back",
      ("order.status", "refund.request")),
+    # The step said to come first runs first (helper-46: the refund was step one, and a
+    # call runs step one).
+    ("退款之前先查一下订单状态", ("order.status", "refund.request")),
+    ("如果要退款的话，先查一下订单状态", ("order.status", "refund.request")),
+    ("Before refunding it, check the order status", ("order.status", "refund.request")),
 ])
 def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, text, plan):
     match = index.match(text)
@@ -309,6 +314,15 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
         "查一下订单的状态，如果已经发货了", "查一下物流轨迹"]
     assert clauses("先约张总开会，再订个会议室") == ["先约张总开会", "订个会议室"]
     assert len(clauses("帮我再查一下订单 123")) == 1
+    # What is said to come first comes first; "before" a time is when.
+    assert clauses("退款之前先查一下订单状态") == ["先查一下订单状态", "退款"]
+    assert clauses("帮我订票，先查一下天气") == ["先查一下天气", "帮我订票"]
+    assert clauses("before refunding, check the order status first") == [
+        "check the order status first", "refunding"]
+    assert clauses("周五之前先把报告写完") == ["周五之前先把报告写完"]
+    assert clauses("before 5pm tomorrow, remind me to call") == [
+        "before 5pm tomorrow, remind me to call"]
+    assert clauses("先约张总开会，再订个会议室") == ["先约张总开会", "订个会议室"]
     # After a time is when, not what next.
     assert clauses("查 2024-01-01 之后下的订单") == ["查 2024-01-01 之后下的订单"]
     assert clauses("三天以后再提醒我") == ["三天以后再提醒我"]
