@@ -641,7 +641,12 @@ class IntentIndex:
                                            dtype=np.float32)
                     sim = float(vector @ query)
                 for slot in found:
-                    if sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
+                    if entry.phrase == said:
+                        # The tenant said what this very request is for: that decides,
+                        # whatever its words match (helper-46: taught four times,
+                        # "track my parcel" still went where "parcel" pointed).
+                        first[slot] = second[slot] = sim + LEARNED_BONUS
+                    elif sim >= LEARNED_SIMILARITY and sim + LEARNED_BONUS > first[slot]:
                         second[slot] = max(second[slot], first[slot])
                         first[slot] = sim + LEARNED_BONUS
         live = self._live if allowed is None else self._live & allowed

@@ -346,6 +346,29 @@ def test_a_learned_phrase_steers_only_the_match_it_is_given_to(encoder, embedded
 
 
 @pytest.mark.parametrize("embedded", [True, False])
+def test_a_taught_request_goes_where_it_was_taught_whatever_its_words_match(encoder,
+                                                                          embedded):
+    """Re-test (helper-46): "track my parcel", taught four times to order.status, still
+    went to parcel tracking at 0.99: its words match that description, and the learned
+    phrase was only averaged in. The very request taught now decides; a nearby one is
+    only pulled."""
+    catalogue = [CapabilityText("order.status", "订单查询",
+                                "查询订单的当前状态、支付情况和预计发货时间。"),
+                 CapabilityText("logistics.track", "Parcel tracking",
+                                "Track parcels and shipments by the carrier's tracking number; "
+                                "shows the current location and delivery ETA.")]
+    index = IntentIndex(catalogue, embedder=encoder if embedded else None)
+    learned = [Learned("order.status", "track my parcel")]
+    assert index.match("track my parcel").best.capability_id == "logistics.track"
+    for text in ("track my parcel", "Track my parcel!"):
+        taught = index.match(text, learned=learned)
+        assert taught.best.capability_id == "order.status", (text, taught.ranked)
+        assert taught.confidence > 0.9
+    assert index.match("where is my parcel", learned=learned).best.capability_id \
+        == "logistics.track"
+
+
+@pytest.mark.parametrize("embedded", [True, False])
 def test_a_learned_phrase_is_matched_in_any_case_and_end_punctuation(encoder, embedded):
     """Break test (helper-36): a phrase learned from "give me the gist of this memo" did
     not take "GIVE ME THE GIST OF THIS MEMO" or "...memo!", though phrases are stored
