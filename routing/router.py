@@ -612,7 +612,8 @@ class Router:
         sure = {"confidence": match.step_confidence[0] if match.plan else match.confidence,
                 "margin": match.first_margin if match.plan else match.margin,
                 "needs_confirmation": match.ambiguous, "choices": match.choices[:3]}
-        if not match.ranked:
+        # A plan stands though the whole request matches nothing: each part does.
+        if not match.ranked and not match.plan:
             return Decision(capability=None, chosen=None, error="no_capability",
                             suggestions=match.suggestions, **sure)
         if match.plan:

@@ -528,6 +528,33 @@ def test_the_router_routes_an_intent_and_reports_a_plan(encoder):
     assert none.suggestions and none.explain()["suggestions"]
 
 
+def test_a_plan_whose_whole_request_matches_nothing_is_still_routed(encoder):
+    """Re-test (helper-46): "book a meeting with Alice, then remind me an hour before"
+    was a 404 no_capability, though each part routes on its own: the whole request
+    matched nothing, and the router refused before it looked at the plan."""
+    cards = [("calendar.schedule", "Meeting scheduling", "Book meetings on team calendars: "
+              "finds a free slot for all attendees and sends the invites."),
+             ("reminder.set", "提醒", "设置个人提醒事项，到时间通过消息提醒你。"),
+             ("meeting.minutes", "Meeting minutes", "Turn a meeting recording or transcript "
+              "into minutes with decisions and action items."),
+             ("email.send", "Email sending", "Send an email that is already written to the "
+              "given recipients through the company mail relay."),
+             ("translate.doc", "Document translation", "Translate documents and text between "
+              "languages (English, Chinese, Japanese), preserving formatting."),
+             ("order.status", "订单查询", "查询订单的当前状态、支付情况和预计发货时间。")]
+    t = table(*(agent(cid.replace(".", "-"), cid, cap={"display_name": name,
+                                                       "description": text})
+                for cid, name, text in cards))
+    holder = IntentIndexHolder(embedder=encoder)
+    holder.update(t)
+    router = Router(index=holder)
+    text = "book a meeting with Alice, then remind me an hour before"
+    assert not holder.index.match(text).ranked  # the whole request matches nothing
+    decision = router.route(t, RouteRequest(tenant_pk=1, intent=text))
+    assert decision.error is None and decision.plan == ("calendar.schedule", "reminder.set")
+    assert decision.capability == "calendar.schedule" and decision.chosen is not None
+
+
 def test_the_index_is_rebuilt_only_when_capability_texts_change():
     from dataclasses import replace
 
