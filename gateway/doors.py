@@ -28,6 +28,8 @@ from routing.text import holds_control, says_nothing
 
 _ROUTE_FIELDS = ("capability", "intent", "min_version", "namespace", "cost")
 _VERSION = re.compile(r"v?\d{1,9}(?:\.\d{1,9}){0,3}")
+# A namespace's name as the registry keeps it (a slug of at most 63).
+_NAMESPACE = re.compile(r"[-a-zA-Z0-9_]{1,63}")
 MAX_INTENT_CHARS = 2000
 
 
@@ -219,9 +221,20 @@ def _usage_chunk(chunk_id: str, tokens_in: int, tokens_out: int) -> bytes:
             "total_tokens": tokens_in + tokens_out}}) + b"\n\n"
 
 
+def checked_namespace(namespace: str) -> str:
+    """``namespace`` when it can name one; else a 400 (a re-test: 5,000 characters, or
+    "../../etc", were taken and answered with a 404 about the capability)."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise ReachError("invalid_input", "The namespace (X-Reach-Namespace or 'namespace') "
+                         "is a name of letters, digits, '-' and '_', at most 63 characters.",
+                         details={"namespace": ["not a namespace name"]})
+    return namespace
+
+
 def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespace: str,
                 internal: bool) -> RouteRequest:
-    base = {"tenant_pk": tenant_pk, "namespace": namespace, "internal_network": internal}
+    base = {"tenant_pk": tenant_pk, "namespace": checked_namespace(namespace),
+            "internal_network": internal}
     if intent:
         return RouteRequest(intent=intent, **base)
     if not isinstance(model, str) or not model:
@@ -368,7 +381,7 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
                          "'1.2.0'.", details={"min_version": ["not a version"]})
     return RouteRequest(
         tenant_pk=tenant_pk, capability=capability, intent=intent,
-        namespace=namespace or params.get("namespace") or "default",
+        namespace=checked_namespace(namespace or params.get("namespace") or "default"),
         min_version=params.get("min_version"), src_lang=params.get("src_lang"),
         dest_lang=params.get("dest_lang"), input_format=params.get("format"),
         input_chars=int(input_chars) if input_chars is not None else None,

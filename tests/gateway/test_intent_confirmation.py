@@ -99,6 +99,30 @@ def test_on_ambiguity_is_checked(gateway):
     assert calls(agent) == 0
 
 
+def test_a_namespace_that_cannot_name_one_is_refused_as_input(gateway):
+    """Re-test (helper-46): X-Reach-Namespace of 5,000 characters, or "../../etc", was
+    taken, and answered with a 404 about the capability."""
+    client, agent = gateway
+    body = {"capability": "weather.forecast", "input": {}}
+    chat = {"model": "capability:weather.forecast", "messages": [{"role": "user",
+                                                                   "content": "hi"}]}
+    for value in ("../../etc", "a" * 5000, "a b", "默认"):
+        for answer in (
+            client.post("/v1/invoke", json=body,
+                        headers={"X-Reach-Namespace": value.encode()}),
+            client.post("/v1/invoke", json={**body, "namespace": value}),
+            client.get("/v1/route", params={"capability": "weather.forecast",
+                                            "namespace": value}),
+            client.post("/v1/chat/completions", json=chat,
+                        headers={"X-Reach-Namespace": value.encode()}),
+        ):
+            assert answer.status_code == 400, (value[:20], answer.text)
+            assert answer.json()["error"]["details"] == {"namespace": ["not a namespace name"]}
+    assert calls(agent) == 0
+    named = client.post("/v1/invoke", json=body, headers={"X-Reach-Namespace": "default"})
+    assert named.status_code == 200 and calls(agent) == 1
+
+
 def test_an_english_intent_reaches_a_capability_described_only_in_chinese(gateway):
     client, _ = gateway
     body = client.get("/v1/route", params={
