@@ -10,8 +10,36 @@ from audit.services import audit_record
 from reach_platform.scoping import tenant_id_of
 from tenants.principal import principal_for_request
 
+# Query parameters of every list besides its filters: pagination, DRF's renderer choice.
+NOT_FILTERS = frozenset({"limit", "offset", "format"})
 
-class _TenantScoped:
+
+class StrictListParams:
+    """A list refuses query parameters it does not read: a misspelt filter
+    (``?namespce=ops``) silently ignored answers as if it were applied. ``list_filters``
+    names the filters a list reads; None: the list checks its own (metering's)."""
+
+    list_filters: frozenset[str] | None = frozenset()
+
+    def list(self, request, *args, **kwargs):
+        if self.list_filters is not None:
+            accepted = self.list_filters | NOT_FILTERS
+            unknown = sorted(set(request.query_params) - accepted)
+            if unknown:
+                known = ", ".join(sorted(accepted))
+                raise exceptions.ValidationError({name[:100]: [f"not a parameter here; use "
+                                                               f"{known}"]
+                                                  for name in unknown[:10]})
+            # One value each: the first silently winning reads as both applied.
+            repeated = [name for name in request.query_params
+                        if len(request.query_params.getlist(name)) > 1]
+            if repeated:
+                raise exceptions.ValidationError({name: ["give it once"]
+                                                  for name in repeated[:10]})
+        return super().list(request, *args, **kwargs)
+
+
+class _TenantScoped(StrictListParams):
     @property
     def principal(self):
         return principal_for_request(self.request)

@@ -6,7 +6,7 @@ from typing import Any
 from django.http import Http404, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, renderers, serializers
+from rest_framework import exceptions, renderers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,12 +24,9 @@ from metering.api.serializers import (
 )
 from metering.models import UsageDaily, UsageEvent
 from metering.reports import REASON_COLUMNS, narrow_to_tenant, report_csv
-from reach_platform.api import TenantScopedReadOnlyViewSet
+from reach_platform.api import NOT_FILTERS, TenantScopedReadOnlyViewSet
 from tenants.models import Tenant
 from tenants.principal import principal_for_request
-
-# Query parameters of the lists besides their filters: pagination, DRF's renderer choice.
-NOT_FILTERS = frozenset({"limit", "offset", "format"})
 
 
 class UsageEventViewSet(TenantScopedReadOnlyViewSet):
@@ -38,6 +35,7 @@ class UsageEventViewSet(TenantScopedReadOnlyViewSet):
 
     queryset = UsageEvent.objects.select_related("tenant")
     serializer_class = UsageEventSerializer
+    list_filters = None  # checked with its query serializer (``_validated``)
     lookup_field = "request_id"
     # Any request id the gateway accepts (dots included), up to the next slash.
     lookup_value_regex = "[^/]+"
@@ -80,12 +78,8 @@ class UsageDailyViewSet(TenantScopedReadOnlyViewSet):
 
     queryset = UsageDaily.objects.select_related("tenant")
     serializer_class = UsageDailySerializer
-
-    def list(self, request, *args, **kwargs):
-        # No filters here (the report has them): one given is refused, not ignored (a
-        # break test read its own rows back for ?tenant=beta and took them for beta's).
-        _validated(serializers.Serializer, request, also=NOT_FILTERS)
-        return super().list(request, *args, **kwargs)
+    # No filters here (the report has them): one given is refused, not ignored (a break
+    # test read its own rows back for ?tenant=beta and took them for beta's).
 
 
 def _validated(serializer_class: type, request: Request,

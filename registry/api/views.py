@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from audit.models import AuditAction, AuditSource
 from audit.services import audit_record
 from reach_core import keys
-from reach_platform.api import TenantScopedViewSet
+from reach_platform.api import StrictListParams, TenantScopedViewSet
 from reach_platform.endpoints import endpoint_policy
 from reach_platform.parsers import StrictJSONParser
 from registry import heartbeats
@@ -49,7 +49,7 @@ class Conflict(exceptions.APIException):
     default_detail = "The request conflicts with the current state."
 
 
-class NamespaceViewSet(viewsets.ModelViewSet):
+class NamespaceViewSet(StrictListParams, viewsets.ModelViewSet):
     """Namespaces are shared by every tenant; only superusers create or change them."""
 
     queryset = Namespace.objects.all()
@@ -84,6 +84,7 @@ class AgentViewSet(TenantScopedViewSet):
     )
     serializer_class = AgentSerializer
     agent_token_actions = ("list", "retrieve", "destroy")
+    list_filters = frozenset({"namespace", "capability", "q"})
 
     def get_queryset(self):
         principal = self.principal

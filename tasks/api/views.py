@@ -55,6 +55,7 @@ class TaskViewSet(TenantScopedReadOnlyViewSet):
         "events", "deliveries")
     serializer_class = TaskSerializer
     agent_token_actions = ("list", "retrieve", "status")
+    list_filters = frozenset({"state"})
 
     def get_queryset(self):
         rows = super().get_queryset()

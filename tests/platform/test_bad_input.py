@@ -106,6 +106,32 @@ def test_valid_pagination_still_pages(alpha, world):
     assert alpha.get("/api/v1/agents/").status_code == 200
 
 
+LISTS = ["tenants", "api-keys", "grants", "credentials", "quotas", "namespaces", "agents",
+         "parameter-synonyms", "capabilities", "instances", "usage/events", "usage/daily",
+         "audit", "tasks", "signing-secrets", "tools", "tool-grants"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", LISTS)
+def test_a_list_refuses_a_parameter_it_does_not_read(alpha, path):
+    """A misspelt filter silently ignored answers as if it were applied: every list
+    (``?namespce=ops`` on agents listed every agent) names what it reads instead."""
+    error = assert_error(alpha.get(f"/api/v1/{path}/?tenat=beta"), 400, "invalid_input")
+    assert set(error["details"]) == {"tenat"}
+    assert alpha.get(f"/api/v1/{path}/?limit=5&offset=0&format=json").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_lists_own_filters_still_filter_and_are_given_once(alpha, world):
+    factories.agent(owner=world.tenant_a, name="alpha-second")
+    listed = alpha.get("/api/v1/agents/?q=alpha-second&limit=10").json()
+    assert [a["name"] for a in listed["results"]] == ["alpha-second"]
+    assert alpha.get("/api/v1/tasks/?state=working").status_code == 200
+    error = assert_error(alpha.get("/api/v1/agents/?q=a&q=b"), 400, "invalid_input")
+    assert error["details"] == {"q": ["give it once"]}
+    assert_error(alpha.get("/api/v1/agents/?namespce=default"), 400, "invalid_input")
+
+
 @pytest.mark.django_db
 def test_a_lone_surrogate_in_a_key_or_deep_yaml_is_a_400_not_a_500(world):
     from tests import factories
