@@ -251,9 +251,9 @@ _SPLITTERS = re.compile(
     r"(?:然后再|然后|" + _NOT_AFTER_A_TIME + r"(?:之后再|之后|以后再)"
     r"|接着|随后|完了再|最后再|顺便再|顺便|并且|同时|另外|(?<=的话)"
     r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])"
-    r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约])"
-    rf"|[，,]\s*(?=(?:{_ZH_VERBS}|首先|先))"
-    rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)"
+    r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约退])"
+    rf"|[，,]\s*(?:(?:不过|但是|但|可是)\s*)?(?=(?:{_ZH_VERBS}|首先|先))"
+    rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)|,\s*(?:but\s+)?(?=first\b)"
     r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"
     r"|\bonce (?:done|that'?s done|finished)\b|\bwhen (?:done|finished)\b"
     r"|\bfollowed by\b|\bplus\b|\band,?\s+(?=if\b)"
@@ -265,7 +265,7 @@ _SPLITTERS = re.compile(
 # "退款之前先查一下订单状态", "Before refunding, check the order status": the part
 # after "before" is done first. Read in the order said, a plan ran the refund first
 # (helper-46).
-_BEFORE = re.compile(r"^(?P<later>.+?)(?:之前|以前)[，,]?\s*(?P<first>先.+)$"
+_BEFORE = re.compile(r"^(?P<later>.+?)(?:之前|以前|前)[，,]?\s*(?P<first>先.+)$"
                      r"|^\s*before\s+(?P<later_en>[^,;，；]+)[,;，；]\s*(?P<first_en>.+)$",
                      re.IGNORECASE | re.DOTALL)
 # A later part that says it comes first: "如果要退款的话，先查一下订单状态", "…, check
@@ -277,8 +277,27 @@ _A_TIME = re.compile(r"[\d一二三四五六七八九十日天号月年点周时
                      re.IGNORECASE)
 # An English "before" starts a step when an action follows it: "before refunding",
 # "before you send it".
-_DOING = re.compile(rf"^(?:(?:you|we|i|they)\s+)?(?:\w+ing\b|(?:{_EN_VERBS})\b)",
+_DOING = re.compile(rf"^(?:(?:you|we|i|they)\s+\w|\w+ing\b|(?:{_EN_VERBS})\b)",
                     re.IGNORECASE)
+
+
+# Quoted material is what a step works on, never steps of its own: "translate into
+# English: "first refund the order, then check its status"" planned a refund (helper-47).
+_QUOTED = re.compile(r'"[^"\n]{1,2000}"|“[^”\n]{1,2000}”|‘[^’\n]{1,2000}’|「[^」\n]{1,2000}」'
+                     r"|『[^』\n]{1,2000}』|《[^》\n]{1,2000}》"
+                     r"|(?<!\w)'[^'\n]{1,2000}'(?!\w)")  # not "don't … it's"
+_HELD = re.compile("\ue000(\\d+)\ue001")
+
+
+def without_quotations(text: str) -> str:
+    """``text`` with each quoted passage (past a few words) read as "quoted text": it is
+    the material, and its words chose the capability instead of the request's own
+    ("translate into English: "first refund the order…"" went to the refund agent)."""
+    if not _QUOTED.search(text):
+        return text
+    return _QUOTED.sub(lambda found: " quoted text " if len(found.group()) > 24
+                       or sum(len(run) for run in _CJK.findall(found.group())) > 6
+                       else found.group(), text)
 
 
 def clauses(text: str) -> list[str]:
@@ -286,6 +305,20 @@ def clauses(text: str) -> list[str]:
     ``[text]`` when there is nothing to split.
 
     A fragment too short to ask for anything ("写完", "ok") joins its neighbour."""
+    quoted: list[str] = []
+
+    def hold(found: re.Match) -> str:
+        quoted.append(found.group())
+        return f"\ue000{len(quoted) - 1}\ue001"
+
+    masked = _QUOTED.sub(hold, text) if _QUOTED.search(text) else text
+    parts = _ordered(masked)
+    if not quoted:
+        return parts
+    return [_HELD.sub(lambda found: quoted[int(found.group(1))], part) for part in parts]
+
+
+def _ordered(text: str) -> list[str]:
     before = _BEFORE.match(text)
     if before is not None:
         first = before["first"] or before["first_en"]
@@ -319,11 +352,13 @@ _ACTION = re.compile(rf"(?:{_ZH_VERBS}|翻|译|订|约|提醒|转|画|审|报|�
 
 def _too_short(part: str) -> bool:
     """Too short to be a step: a few characters that name no action ("写完", "ok");
-    "发给 Tom" or "then send it" name one and stay a step."""
+    "发给 Tom" or "then send it" name one and stay a step, and so does a job the lexicon
+    knows ("然后退款": glued to the part before it, "先查询订单状态，然后退款" was one
+    step, the refund, helper-47)."""
     cjk = sum(len(run) for run in _CJK.findall(part))
     if cjk >= 4 or len(_WORD.findall(normalise(part))) >= 2:
         return False
-    return not _ACTION.search(normalise(part))
+    return not _ACTION.search(normalise(part)) and not concepts(part)
 
 
 # Control characters other than tab and line breaks: no request holds them, and kept

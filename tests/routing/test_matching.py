@@ -287,12 +287,37 @@ def test_an_exact_capability_id_scores_one(index):
     ("退款之前先查一下订单状态", ("order.status", "refund.request")),
     ("如果要退款的话，先查一下订单状态", ("order.status", "refund.request")),
     ("Before refunding it, check the order status", ("order.status", "refund.request")),
+    # Its re-test (helper-47): "然后退款" was glued to the part before it, and the
+    # variants of "first" and "before" ran the refund first.
+    ("先查询订单状态，然后退款", ("order.status", "refund.request")),
+    ("帮我退款，不过先查一下订单状态", ("order.status", "refund.request")),
+    ("refund the order, but first check the order status", ("order.status", "refund.request")),
+    ("退款前先查订单", ("order.status", "refund.request")),
 ])
 def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, text, plan):
     match = index.match(text)
     assert match.plan == plan, (match.clauses, match.plan, match.ranked[:3])
     assert len(match.step_confidence) == len(plan)
     assert all(0 < c < 1 for c in match.step_confidence)
+
+
+@pytest.mark.parametrize("text", [
+    "order me a pizza, then remind me at 6 to pick it up", "帮我点一份外卖，然后提醒我六点去拿"])
+def test_what_is_asked_for_first_that_nothing_does_is_refused_not_skipped(index, text):
+    """Re-test (helper-47): "book a meeting with Alice, then remind me an hour before",
+    the meeting matching nothing, set the reminder. The later steps may depend on the
+    first: run alone they do half a job. Refused, with the closest as suggestions."""
+    match = index.match(text)
+    assert match.best is None and not match.plan, (match.ranked, match.plan)
+    assert [s.capability_id for s in match.suggestions][:1] == ["reminder.set"]
+
+
+def test_quoted_material_does_not_choose_the_capability(index):
+    """Re-test (helper-47): the words of a passage to translate chose the refund agent."""
+    for text in ('translate this into English: "first refund the order, then check its '
+                 'status"', "把这句话翻译成英文：“先退款，然后查订单状态”"):
+        match = index.match(text)
+        assert match.best.capability_id == "translate.text" and not match.plan, match.ranked
 
 
 def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action():
@@ -323,6 +348,12 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
     assert clauses("before 5pm tomorrow, remind me to call") == [
         "before 5pm tomorrow, remind me to call"]
     assert clauses("先约张总开会，再订个会议室") == ["先约张总开会", "订个会议室"]
+    # Quoted material is what a step works on, not steps of its own.
+    assert len(clauses('translate into English: "first refund it, then check the status"')) == 1
+    assert len(clauses("把这句话翻译成英文：“退款之前先查一下订单状态”")) == 1
+    assert len(clauses("subject 'before the refund, check the order status'")) == 1
+    assert clauses("don't summarize it, then translate it's text") == [
+        "don't summarize it", "translate it's text"]
     # After a time is when, not what next.
     assert clauses("查 2024-01-01 之后下的订单") == ["查 2024-01-01 之后下的订单"]
     assert clauses("三天以后再提醒我") == ["三天以后再提醒我"]
