@@ -35,6 +35,7 @@ from routing.text import (
     normalise,
     phrase_of,
     stem,
+    unshouted,
     without_addresses,
     without_disclaimers,
     without_quotations,
@@ -603,7 +604,7 @@ class IntentIndex:
     def _scored(self, text: str, learned: Sequence = (), allowed: np.ndarray | None = None,
                 home: np.ndarray | None = None) -> tuple[list[Score], list[Score]]:
         """The matches, and the closest capabilities below the threshold (at most 3)."""
-        stripped = heard(without_quotations(without_addresses(text))).strip()
+        stripped = heard(unshouted(without_quotations(without_addresses(text)))).strip()
         if not asks_for_something(stripped):
             return self._finish(stripped, [], [], allowed, home)  # an exact id still counts
         # A learned phrase that says nothing ("帮我", taught once) would draw every request

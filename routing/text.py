@@ -289,6 +289,20 @@ _QUOTED = re.compile(r'"[^"\n]{1,2000}"|“[^”\n]{1,2000}”|‘[^’\n]{1,200
 _HELD = re.compile("\ue000(\\d+)\ue001")
 
 
+_SHOUTED_WORD = re.compile(r"\b[A-Z]{2,}\b")
+
+
+def unshouted(text: str) -> str:
+    """``text`` in lower case when it is written in capitals ("TRACK MY PARCEL"): the
+    sentence encoder reads capitals as other words, and such requests were refused while
+    the same words in lower case routed at 0.96 (helper-47). An acronym alone ("OCR")
+    or among lower-case words stays as written."""
+    if any(ch.islower() for ch in text) or len(_SHOUTED_WORD.findall(text)) < 2 \
+            or _CJK.search(text):  # "帮我查 SQL 和 OCR": acronyms among Chinese words
+        return text
+    return text.lower()
+
+
 def without_quotations(text: str) -> str:
     """``text`` with each quoted passage (past a few words) read as "quoted text": it is
     the material, and its words chose the capability instead of the request's own

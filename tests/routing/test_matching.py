@@ -312,6 +312,16 @@ def test_what_is_asked_for_first_that_nothing_does_is_refused_not_skipped(index,
     assert [s.capability_id for s in match.suggestions][:1] == ["reminder.set"]
 
 
+def test_a_request_in_capitals_routes_as_in_lower_case(index):
+    """Re-test (helper-47): "TRACK MY PARCEL" was refused while "track my parcel" routed
+    at 0.96: the sentence encoder reads capitals as other words."""
+    for text in ("WHERE IS MY PARCEL SF1234567", "TRACK MY PARCEL"):
+        shouted, plain = index.match(text), index.match(text.lower())
+        assert shouted.best is not None, (text, shouted.suggestions)
+        assert shouted.best.capability_id == plain.best.capability_id == "logistics.track"
+        assert shouted.confidence == plain.confidence
+
+
 def test_quoted_material_does_not_choose_the_capability(index):
     """Re-test (helper-47): the words of a passage to translate chose the refund agent."""
     for text in ('translate this into English: "first refund the order, then check its '
