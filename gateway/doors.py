@@ -149,7 +149,7 @@ def chat_completions(request: Request, *, internal: bool) -> Call:
     stream = _stream_flag(body)
     route = _chat_route(request.table, request.key.tenant_pk, body.get("model"),
                         intent_header(request),
-                        request.header(b"x-reach-namespace") or "default", internal)
+                        request.header(b"x-reach-namespace"), internal)
     wants_usage = bool((body.get("stream_options") or {}).get("include_usage")) \
         if isinstance(body.get("stream_options"), dict) else False
     chunk_id = f"chatcmpl-{request.request_id}"
@@ -221,9 +221,17 @@ def _usage_chunk(chunk_id: str, tokens_in: int, tokens_out: int) -> bytes:
             "total_tokens": tokens_in + tokens_out}}) + b"\n\n"
 
 
-def checked_namespace(namespace: str) -> str:
-    """``namespace`` when it can name one; else a 400 (a re-test: 5,000 characters, or
-    "../../etc", were taken and answered with a 404 about the capability)."""
+def namespace_of(header: str | None, given: str | None) -> str:
+    """The namespace a call names, by the ``X-Reach-Namespace`` header or the body's (or
+    query's) ``namespace``; "default" when neither is given. One that cannot name one
+    (empty, 5,000 characters, "../../etc": taken and answered with a 404 about the
+    capability, a re-test) or two that disagree (the header won silently) are a 400."""
+    if header is not None and given is not None and header != given:
+        raise ReachError("invalid_input", "X-Reach-Namespace and 'namespace' name different "
+                         "namespaces: give one.", details={"namespace": ["given twice"]})
+    namespace = header if header is not None else given
+    if namespace is None:
+        return "default"
     if not _NAMESPACE.fullmatch(namespace):
         raise ReachError("invalid_input", "The namespace (X-Reach-Namespace or 'namespace') "
                          "is a name of letters, digits, '-' and '_', at most 63 characters.",
@@ -231,9 +239,10 @@ def checked_namespace(namespace: str) -> str:
     return namespace
 
 
-def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None, namespace: str,
+def _chat_route(table: RouteTable, tenant_pk: int, model, intent: str | None,
+                namespace: str | None,
                 internal: bool) -> RouteRequest:
-    base = {"tenant_pk": tenant_pk, "namespace": checked_namespace(namespace),
+    base = {"tenant_pk": tenant_pk, "namespace": namespace_of(namespace, None),
             "internal_network": internal}
     if intent:
         return RouteRequest(intent=intent, **base)
@@ -381,7 +390,7 @@ def route_request(tenant_pk: int, params: dict, *, namespace: str | None,
                          "'1.2.0'.", details={"min_version": ["not a version"]})
     return RouteRequest(
         tenant_pk=tenant_pk, capability=capability, intent=intent,
-        namespace=checked_namespace(namespace or params.get("namespace") or "default"),
+        namespace=namespace_of(namespace, params.get("namespace")),
         min_version=params.get("min_version"), src_lang=params.get("src_lang"),
         dest_lang=params.get("dest_lang"), input_format=params.get("format"),
         input_chars=int(input_chars) if input_chars is not None else None,

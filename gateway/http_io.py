@@ -20,7 +20,7 @@ from reach_core.errors import ReachError
 # a guess the gateway does not make (a re-test: of two X-Reach-Intent headers the last
 # won, the first one never checked).
 SINGLE_HEADERS = frozenset({b"authorization", b"idempotency-key", b"x-reach-intent",
-                            b"x-reach-deadline-ms"})
+                            b"x-reach-deadline-ms", b"x-reach-namespace"})
 _REPEATED = "reach.repeated_headers"
 
 

@@ -118,9 +118,28 @@ def test_a_namespace_that_cannot_name_one_is_refused_as_input(gateway):
         ):
             assert answer.status_code == 400, (value[:20], answer.text)
             assert answer.json()["error"]["details"] == {"namespace": ["not a namespace name"]}
+    # Its re-test (helper-47): with a good header the body's (or query's) was not read,
+    # and the header won a disagreement silently; repeated or empty, it was taken.
+    for headers, extra in (
+        ({"X-Reach-Namespace": "default"}, {"namespace": "../x"}),
+        ({"X-Reach-Namespace": "default"}, {"namespace": "other"}),
+        ({"X-Reach-Namespace": ""}, {}),
+        ({}, {"namespace": ""}),
+        ([("X-Reach-Namespace", "default"), ("X-Reach-Namespace", "other")], {}),
+    ):
+        answer = client.post("/v1/invoke", json={**body, **extra}, headers=headers)
+        assert answer.status_code == 400, (headers, extra, answer.text)
+        assert set(answer.json()["error"]["details"]) <= {"namespace", "X-Reach-Namespace"}
+    dry = client.get("/v1/route", params={"capability": "weather.forecast",
+                                          "namespace": "../../etc"},
+                     headers={"X-Reach-Namespace": "default"})
+    assert dry.status_code == 400, dry.text
     assert calls(agent) == 0
     named = client.post("/v1/invoke", json=body, headers={"X-Reach-Namespace": "default"})
     assert named.status_code == 200 and calls(agent) == 1
+    both = client.post("/v1/invoke", json={**body, "namespace": "default"},
+                       headers={"X-Reach-Namespace": "default"})
+    assert both.status_code == 200 and calls(agent) == 2
 
 
 def test_an_english_intent_reaches_a_capability_described_only_in_chinese(gateway):
