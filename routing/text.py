@@ -378,7 +378,9 @@ def _too_short(part: str) -> bool:
 # Control characters other than tab and line breaks: no request holds them, and kept
 # (feedback rows, the admin's list of misses, log lines) an escape sequence would paint
 # a terminal or hide the text around it.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Bidirectional overrides and isolates too: "\u202erefund" shows reversed ("Trojan
+# source"), in a log line or the admin's list of misses (helper-47).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def holds_control(text: str) -> bool:
@@ -389,8 +391,8 @@ def holds_control(text: str) -> bool:
 # blank braille cell, the object-replacement and replacement characters.
 _BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\ufffc\ufffd")
 # Format, control, lone marks, unassigned and noncharacters, private use, surrogates,
-# and modifier symbols (a skin tone alone): nothing a request can say.
-_SAY_NOTHING = frozenset({"Cf", "Cc", "Mn", "Me", "Cn", "Co", "Cs", "Sk"})
+# and modifier symbols and letters (a skin tone, "ˆ" alone): nothing a request can say.
+_SAY_NOTHING = frozenset({"Cf", "Cc", "Mn", "Me", "Cn", "Co", "Cs", "Sk", "Lm"})
 
 
 def says_nothing(text: str) -> bool:

@@ -171,7 +171,7 @@ def test_intents_that_say_nothing_are_refused_as_input(gateway):
     # routed, and kept in the feedback rows and the admin's list of misses).
     for intent in ("   ", "\u0000", "\t\n", "abc\u0000def", "\u200b\u200b\u200b",
                    "\ufeff \u200d", "weather \x1b[2J\x1b[31mtomorrow", "weather\x07",
-                   "weather\x7f", "weather\x9b"):
+                   "weather\x7f", "weather\x9b", "\u202eweather tomorrow", "\u02c6"):
         answer = client.post("/v1/invoke", json={"intent": intent, "input": {}})
         assert answer.status_code == 400, (intent, answer.text)
         assert answer.json()["error"]["details"]["intent"]
