@@ -818,7 +818,8 @@ def _distinct_steps(per_clause: Sequence[Sequence[Score]]) -> list[Score | None]
         # Ties go to the earlier parts: they keep a step, and their best.
         rank = (len(ids), round(sum(s.score for s in steps if s is not None), 9),
                 tuple(s is not None for s in steps),
-                tuple(s is part[0] for part, s in zip(per_clause, steps, strict=True)))
+                tuple(bool(part) and s is part[0]
+                      for part, s in zip(per_clause, steps, strict=True)))
         if best is None or rank > best:
             best, chosen = rank, steps
     return list(chosen)

@@ -330,6 +330,38 @@ def test_quoted_material_does_not_choose_the_capability(index):
         assert match.best.capability_id == "translate.text" and not match.plan, match.ranked
 
 
+def test_parts_that_want_one_capability_beside_a_part_that_matches_nothing():
+    """The joint choice of steps, with a part that matched nothing among parts that
+    want the same capability (the sealed run's first try of it raised IndexError)."""
+    from routing.matcher import _distinct_steps
+
+    def score(capability_id: str, value: float) -> Score:
+        return Score(capability_id, value, 0.0, 0.0, value, 0.0, 0.0)
+
+    steps = _distinct_steps([[score("it.ticket", 0.5), score("password", 0.45)], [],
+                             [score("it.ticket", 0.6)]])
+    assert [s.capability_id if s else None for s in steps] == ["password", None, "it.ticket"]
+    steps = _distinct_steps([[], [score("a", 0.5)], [score("a", 0.4)]])
+    assert [s.capability_id if s else None for s in steps] == [None, "a", None]
+
+
+def test_any_chain_of_requests_is_matched_without_error(index):
+    """Requests of the tuning and development sets chained by connectives, so that parts
+    match nothing, one thing, or what another part wants: every one gets an answer (the
+    crash above came from such a request)."""
+    import random
+
+    texts = [row["request"] for name in ("tuning", "dev")
+             for row in load_requests(EVAL / f"{name}.jsonl")]
+    rng = random.Random(15)
+    for _ in range(300):
+        parts = rng.sample(texts, rng.randint(2, 4)) + rng.sample(["ok", "x", "先", "之后"], 1)
+        rng.shuffle(parts)
+        text = rng.choice(["，然后", "; ", ", then ", "，先", "，另外"]).join(parts)
+        match = index.match(text)
+        assert len(match.plan) == len(match.step_confidence)
+
+
 def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action():
     assert clauses("summarize this, then email it to Tom") == ["summarize this", "email it to Tom"]
     assert clauses("写好之后发给我") == ["写好", "发给我"]
