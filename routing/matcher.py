@@ -30,6 +30,7 @@ from routing.semantic import Vectors, background_floor, negatives, units
 from routing.text import (
     TO_LANGUAGE,
     asks_for_something,
+    asks_to_do,
     clauses,
     features,
     normalise,
@@ -737,8 +738,9 @@ class IntentIndex:
         first_margin = 0.0
         steps = _distinct_steps(per_clause)
         first_at = next((i for i, step in enumerate(steps) if step is not None), len(parts))
-        if any(not per_clause[i] and asks_for_something(parts[i]) for i in range(first_at)):
-            # What is asked for first, no capability does: the later steps may depend on
+        if any(not per_clause[i] and asks_to_do(parts[i]) for i in range(first_at)):
+            # What is asked to be done first, no capability does (a part that only tells,
+            # "我刚开完会，然后…", is no step): the later steps may depend on
             # it, and run alone they do half a job (helper-47: "book a meeting with
             # Alice, then remind me an hour before" set the reminder, no meeting booked).
             return Match(ranked=(), clauses=tuple(parts),

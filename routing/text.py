@@ -364,6 +364,17 @@ _ACTION = re.compile(rf"(?:{_ZH_VERBS}|翻|译|订|约|提醒|转|画|审|报|�
                      rf"|\b(?:{_EN_VERBS}|remind|book|order|print|ship)\b", re.IGNORECASE)
 
 
+_ASKING = re.compile(r"^\s*(?:帮我|帮忙|请|麻烦|给我|please|pls|can you|could you|would you)",
+                     re.IGNORECASE)
+
+
+def asks_to_do(part: str) -> bool:
+    """Whether a part of a request asks for a job to be done: it names an action or a job
+    the lexicon knows, or asks ("帮我…", "please…"). "我刚开完会" (I just came out of a
+    meeting) tells; "book a meeting with Alice" and "帮我点一份外卖" ask."""
+    return bool(_ACTION.search(normalise(part)) or _ASKING.match(part) or concepts(part))
+
+
 def _too_short(part: str) -> bool:
     """Too short to be a step: a few characters that name no action ("写完", "ok");
     "发给 Tom" or "then send it" name one and stay a step, and so does a job the lexicon

@@ -312,6 +312,13 @@ def test_what_is_asked_for_first_that_nothing_does_is_refused_not_skipped(index,
     assert [s.capability_id for s in match.suggestions][:1] == ["reminder.set"]
 
 
+def test_a_first_part_that_only_tells_is_no_step_to_refuse_for(index):
+    """"我刚开完会" (I just came out of a meeting) asks for nothing to be done: the
+    request is what follows it."""
+    match = index.match("我刚开完会，然后帮我把会议录音整理成纪要")
+    assert match.best is not None, match.suggestions
+
+
 def test_a_request_in_capitals_routes_as_in_lower_case(index):
     """Re-test (helper-47): "TRACK MY PARCEL" was refused while "track my parcel" routed
     at 0.96: the sentence encoder reads capitals as other words."""
