@@ -325,7 +325,10 @@ def clauses(text: str) -> list[str]:
         quoted.append(found.group())
         return f"\ue000{len(quoted) - 1}\ue001"
 
-    masked = _QUOTED.sub(hold, text) if _QUOTED.search(text) else text
+    # The marks are private-use characters: a text holding them already is split as it
+    # is (restoring would read its own marks as quotes: an IndexError, a 500).
+    masked = _QUOTED.sub(hold, text) \
+        if _QUOTED.search(text) and "\ue000" not in text and "\ue001" not in text else text
     parts = _ordered(masked)
     if not quoted:
         return parts

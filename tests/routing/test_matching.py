@@ -365,6 +365,9 @@ def test_any_chain_of_requests_is_matched_without_error(index):
         parts = rng.sample(texts, rng.randint(2, 4)) + rng.sample(["ok", "x", "先", "之后"], 1)
         rng.shuffle(parts)
         text = rng.choice(["，然后", "; ", ", then ", "，先", "，另外"]).join(parts)
+        for mark in rng.sample(['"', "“", "”", "'", "「", "」", "\ue000", "3\ue001"], 3):
+            at = rng.randrange(len(text) + 1)
+            text = text[:at] + mark + text[at:]
         match = index.match(text)
         assert len(match.plan) == len(match.step_confidence)
 
@@ -403,6 +406,9 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
     assert len(clauses("subject 'before the refund, check the order status'")) == 1
     assert clauses("don't summarize it, then translate it's text") == [
         "don't summarize it", "translate it's text"]
+    # A text holding the private-use marks the masking uses is split as it is.
+    assert clauses('translate "hello there" \ue0009\ue001, then send it') == [
+        'translate "hello there" \ue0009\ue001', "send it"]
     # After a time is when, not what next.
     assert clauses("查 2024-01-01 之后下的订单") == ["查 2024-01-01 之后下的订单"]
     assert clauses("三天以后再提醒我") == ["三天以后再提醒我"]
