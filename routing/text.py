@@ -249,12 +249,14 @@ _EN_VERBS = (
 _ZH_VERBS = r"翻译|总结|概括|发|写|生成|画|统计|提取|整理|搜|查|算|做|约|提交|再"
 _SPLITTERS = re.compile(
     r"(?:然后再|然后|" + _NOT_AFTER_A_TIME + r"(?:之后再|之后|以后再)"
-    r"|接着|随后|完了再|最后再|顺便再|顺便|并且|同时|另外|(?<=的话)"
+    r"|接着|随后|完了再|最后再|最后(?=[把将帮给用发翻转做写生总提画统查订约退])|顺便再|顺便|并且"
+    r"|同时|另外|(?<=的话)"
     r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])"
     r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约退])"
     rf"|[，,]\s*(?:(?:不过|但是|但|可是)\s*)?(?=(?:{_ZH_VERBS}|首先|先))"
     rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)|,\s*(?:but\s+)?(?=first\b)"
     r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"
+    r"|,?\s*\b(?:and\s+)?finally\b"
     r"|\bonce (?:done|that'?s done|finished)\b|\bwhen (?:done|finished)\b"
     r"|\bfollowed by\b|\bplus\b|\band,?\s+(?=if\b)"
     rf"|\band(?=\s+(?:{_EN_VERBS})\b)|[;；])",
@@ -269,8 +271,15 @@ _BEFORE = re.compile(r"^(?P<later>.+?)(?:之前|以前|前)[，,]?\s*(?P<first>�
                      r"|^\s*before\s+(?P<later_en>[^,;，；]+)[,;，；]\s*(?P<first_en>.+)$",
                      re.IGNORECASE | re.DOTALL)
 # A later part that says it comes first: "如果要退款的话，先查一下订单状态", "…, check
-# the status first".
-_FIRST = re.compile(r"^(?:首先|先)|^first\b|\bfirst$", re.IGNORECASE)
+# the status first" — not "先别退款" (don't refund yet: it moved the refund first,
+# helper-48), and not in a request that orders its steps itself ("…, then send the
+# refund email first", "然后首先…"): there "then" is the order.
+_FIRST = re.compile(r"^(?:首先|先)(?![别不没])|^first\b|\bfirst$", re.IGNORECASE)
+_NOT_NOW = re.compile(r"^(?:先别|先不要|先不|首先别|暂时别|暂时不要|暂不|别|不要|不用)(?!忘)"
+                      r"|^(?:but\s+)?(?:don'?t|do not|never)\b(?!\s+(?:forget|let me forget))",
+                      re.IGNORECASE)
+_SEQUENCED = re.compile(r"\bthen\b|\bafter that\b|\bfinally\b|然后|接着|随后|之后|最后",
+                        re.IGNORECASE)
 _A_TIME = re.compile(r"[\d一二三四五六七八九十日天号月年点周时分秒]$|\b(?:today|tomorrow|tonight|"
                      r"monday|tuesday|wednesday|thursday|friday|saturday|sunday|noon|"
                      r"midnight|[ap]m|morning|evening|afternoon|week|month|year)$",
@@ -340,20 +349,28 @@ def _ordered(text: str) -> list[str]:
     if before is not None:
         first = before["first"] or before["first_en"]
         later = before["later"] or before["later_en"]
-        # Before a time ("周五之前先…", "before Friday, …") is when, not a step.
         if not _A_TIME.search(later) and (before["later"] or _DOING.search(later)):
             return _in_order(first) + _in_order(later)
-        return _in_order(text)
-    parts = _in_order(text)
+        # Before a time or an event ("周五之前先…", "before Friday, …", "before the
+        # meeting, make slides") is when, not a step: "the meeting" was matched as one.
+        return _in_order(first)
+    # A part that says not to do something is no step ("查一下订单状态，先别退款": the
+    # refund was a step of the plan, helper-48); "别忘了…" asks for a reminder.
+    parts = [part for part in _in_order(text) if not _NOT_NOW.match(part)] or [text]
+    if _SEQUENCED.search(text):
+        return parts
     marked = [i for i, part in enumerate(parts) if _FIRST.search(part)]
     if marked and marked[0] > 0:
         parts.insert(0, parts.pop(marked[0]))
     return parts
 
 
+PART_TRIM = " ,，。.!！?？"
+
+
 def _in_order(text: str) -> list[str]:
     out: list[str] = []
-    for part in (p.strip(" ,，。.!！?？") for p in _SPLITTERS.split(text)):
+    for part in (p.strip(PART_TRIM) for p in _SPLITTERS.split(text)):
         if not part:
             continue
         if (out and _too_short(part)) or (out and _too_short(out[-1])):
@@ -367,15 +384,13 @@ _ACTION = re.compile(rf"(?:{_ZH_VERBS}|翻|译|订|约|提醒|转|画|审|报|�
                      rf"|\b(?:{_EN_VERBS}|remind|book|order|print|ship)\b", re.IGNORECASE)
 
 
-_ASKING = re.compile(r"^\s*(?:帮我|帮忙|请|麻烦|给我|please|pls|can you|could you|would you)",
-                     re.IGNORECASE)
-
-
 def asks_to_do(part: str) -> bool:
     """Whether a part of a request asks for a job to be done: it names an action or a job
-    the lexicon knows, or asks ("帮我…", "please…"). "我刚开完会" (I just came out of a
-    meeting) tells; "book a meeting with Alice" and "帮我点一份外卖" ask."""
-    return bool(_ACTION.search(normalise(part)) or _ASKING.match(part) or concepts(part))
+    the lexicon knows, and says on what. "我刚开完会" (I just came out of a meeting)
+    tells; "麻烦你了", "帮我个忙", "Please help me" (helper-48: each refused the request
+    after it) are politeness; "book a meeting with Alice" asks."""
+    return asks_for_something(part) and bool(_ACTION.search(normalise(part))
+                                             or concepts(part))
 
 
 def _too_short(part: str) -> bool:

@@ -302,7 +302,7 @@ def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, t
 
 
 @pytest.mark.parametrize("text", [
-    "order me a pizza, then remind me at 6 to pick it up", "帮我点一份外卖，然后提醒我六点去拿"])
+    "order me a pizza, then remind me at 6 to pick it up", "帮我订一份外卖，然后提醒我六点去拿"])
 def test_what_is_asked_for_first_that_nothing_does_is_refused_not_skipped(index, text):
     """Re-test (helper-47): "book a meeting with Alice, then remind me an hour before",
     the meeting matching nothing, set the reminder. The later steps may depend on the
@@ -312,11 +312,27 @@ def test_what_is_asked_for_first_that_nothing_does_is_refused_not_skipped(index,
     assert [s.capability_id for s in match.suggestions][:1] == ["reminder.set"]
 
 
-def test_a_first_part_that_only_tells_is_no_step_to_refuse_for(index):
-    """"我刚开完会" (I just came out of a meeting) asks for nothing to be done: the
-    request is what follows it."""
-    match = index.match("我刚开完会，然后帮我把会议录音整理成纪要")
+@pytest.mark.parametrize(("text", "expected"), [
+    ("我刚开完会，然后帮我把会议录音整理成纪要", None),
+    # Politeness first (helper-48: each was refused whole).
+    ("麻烦你了，另外帮我查一下订单状态", "order.status"),
+    ("Please help me, then track my parcel", "logistics.track"),
+    ("帮我个忙，查一下快递到哪了", "logistics.track"),
+])
+def test_a_first_part_that_only_tells_is_no_step_to_refuse_for(index, text, expected):
+    """"我刚开完会" (I just came out of a meeting) asks for nothing to be done, nor does
+    "麻烦你了" (sorry to trouble you): the request is what follows."""
+    match = index.match(text)
     assert match.best is not None, match.suggestions
+    assert expected is None or match.best.capability_id == expected, match.ranked
+
+
+@pytest.mark.parametrize("text", ["查一下订单状态，先别退款", "先别退款，查一下订单状态",
+                                  "Check the order status; do not refund it"])
+def test_a_part_that_says_not_to_do_something_is_no_step(index, text):
+    """helper-48: "先别退款" (don't refund yet) moved the refund first, and it ran."""
+    match = index.match(text)
+    assert match.best.capability_id == "order.status" and not match.plan, match.ranked
 
 
 def test_a_request_in_capitals_routes_as_in_lower_case(index):
@@ -396,16 +412,29 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
     assert clauses("帮我订票，先查一下天气") == ["先查一下天气", "帮我订票"]
     assert clauses("before refunding, check the order status first") == [
         "check the order status first", "refunding"]
-    assert clauses("周五之前先把报告写完") == ["周五之前先把报告写完"]
-    assert clauses("before 5pm tomorrow, remind me to call") == [
-        "before 5pm tomorrow, remind me to call"]
+    assert clauses("周五之前先把报告写完") == ["先把报告写完"]
+    assert clauses("before 5pm tomorrow, remind me to call") == ["remind me to call"]
     assert clauses("先约张总开会，再订个会议室") == ["先约张总开会", "订个会议室"]
     # Quoted material is what a step works on, not steps of its own.
     assert len(clauses('translate into English: "first refund it, then check the status"')) == 1
     assert len(clauses("把这句话翻译成英文：“退款之前先查一下订单状态”")) == 1
     assert len(clauses("subject 'before the refund, check the order status'")) == 1
-    assert clauses("don't summarize it, then translate it's text") == [
-        "don't summarize it", "translate it's text"]
+    assert clauses("summarize it, then translate it's text") == [
+        "summarize it", "translate it's text"]
+    # A request that orders its steps itself keeps that order (helper-48: "then … first"
+    # put the refund email before the check); a negated part is no step; "finally" and
+    # "最后" start the last one; "before the meeting" is when.
+    assert clauses("Check the status, then send the refund confirmation email first") == [
+        "Check the status", "send the refund confirmation email first"]
+    assert clauses("查订单状态，然后首先把结果发给我") == ["查订单状态", "首先把结果发给我"]
+    assert clauses("查一下订单状态，先别退款") == ["查一下订单状态"]
+    assert clauses("别忘了提醒我交房租") == ["别忘了提醒我交房租"]
+    assert clauses("整理会议纪要，再做成PPT，最后发给老板") == [
+        "整理会议纪要", "做成PPT", "发给老板"]
+    assert clauses("First translate it, then polish it, finally send it to the client") == [
+        "First translate it", "polish it", "send it to the client"]
+    assert clauses("Before the meeting, make slides from the outline") == [
+        "make slides from the outline"]
     # A text holding the private-use marks the masking uses is split as it is.
     assert clauses('translate "hello there" \ue0009\ue001, then send it') == [
         'translate "hello there" \ue0009\ue001', "send it"]
