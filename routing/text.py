@@ -275,6 +275,13 @@ _BEFORE = re.compile(r"^(?P<later>.+?)(?:之前|以前|前)[，,]?\s*(?P<first>�
 # helper-48), and not in a request that orders its steps itself ("…, then send the
 # refund email first", "然后首先…"): there "then" is the order.
 _FIRST = re.compile(r"^(?:首先|先)(?![别不没])|^first\b|\bfirst$", re.IGNORECASE)
+# "Refund the customer after you check the order status", "Send it after polishing it":
+# the part after "after" is done first (helper-48: the refund ran alone).
+_AFTER = re.compile(r"^(?P<later>.+?)\s+(?:after|once)\s+"
+                    r"(?P<first>(?:you|we|i)(?:'ve|\s+have)?\s+\w.*|\w+ing\b.*)$",
+                    re.IGNORECASE | re.DOTALL)
+_NOT_DOING = re.compile(r"(?:every|some|any|no)thing\b|(?:morning|evening|during|spring)\b",
+                        re.IGNORECASE)
 _NOT_NOW = re.compile(r"^(?:先别|先不要|先不|首先别|暂时别|暂时不要|暂不|别|不要|不用)(?!忘)"
                       r"|^(?:but\s+)?(?:don'?t|do not|never)\b(?!\s+(?:forget|let me forget))",
                       re.IGNORECASE)
@@ -320,6 +327,7 @@ def without_quotations(text: str) -> str:
         return text
     return _QUOTED.sub(lambda found: " quoted text " if len(found.group()) > 24
                        or sum(len(run) for run in _CJK.findall(found.group())) > 6
+                       or found.group().startswith("《")  # a title: "总结一下《退款政策》"
                        else found.group(), text)
 
 
@@ -345,6 +353,10 @@ def clauses(text: str) -> list[str]:
 
 
 def _ordered(text: str) -> list[str]:
+    after = _AFTER.match(text)
+    if after is not None and not _A_TIME.search(after["first"]) \
+            and not _NOT_DOING.match(after["first"]):
+        return _in_order(after["first"]) + _in_order(after["later"])
     before = _BEFORE.match(text)
     if before is not None:
         first = before["first"] or before["first_en"]

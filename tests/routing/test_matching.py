@@ -293,6 +293,11 @@ def test_an_exact_capability_id_scores_one(index):
     ("帮我退款，不过先查一下订单状态", ("order.status", "refund.request")),
     ("refund the order, but first check the order status", ("order.status", "refund.request")),
     ("退款前先查订单", ("order.status", "refund.request")),
+    # helper-48: "after" and "once" put the refund alone.
+    ("Refund the customer after you check the order status",
+     ("order.status", "refund.request")),
+    ("Refund once you've checked the order status", ("order.status", "refund.request")),
+    ("Send the email to Tom after you translate it", ("translate.text", "email.send")),
 ])
 def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, text, plan):
     match = index.match(text)
@@ -333,6 +338,11 @@ def test_a_part_that_says_not_to_do_something_is_no_step(index, text):
     """helper-48: "先别退款" (don't refund yet) moved the refund first, and it ran."""
     match = index.match(text)
     assert match.best.capability_id == "order.status" and not match.plan, match.ranked
+
+
+def test_a_titled_work_does_not_choose_the_capability(index):
+    """helper-48: "帮我总结一下《退款政策》" (summarise "Refund policy") went to refunds."""
+    assert index.match("帮我总结一下《退款政策》").best.capability_id == "doc.summarize"
 
 
 def test_a_request_in_capitals_routes_as_in_lower_case(index):
@@ -435,6 +445,9 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
         "First translate it", "polish it", "send it to the client"]
     assert clauses("Before the meeting, make slides from the outline") == [
         "make slides from the outline"]
+    assert clauses("Send it after polishing it") == ["polishing it", "Send it"]
+    assert clauses("remind me after lunch") == ["remind me after lunch"]
+    assert clauses("call me after everything settles") == ["call me after everything settles"]
     # A text holding the private-use marks the masking uses is split as it is.
     assert clauses('translate "hello there" \ue0009\ue001, then send it') == [
         'translate "hello there" \ue0009\ue001', "send it"]
