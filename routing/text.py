@@ -254,7 +254,11 @@ _SPLITTERS = re.compile(
     r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])"
     r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约退])"
     rf"|[，,]\s*(?:(?:不过|但是|但|可是)\s*)?(?=(?:{_ZH_VERBS}|首先|先))"
-    rf"|,\s*(?=(?:and\s+)?(?:{_EN_VERBS})\b)|,\s*(?:but\s+)?(?=first\b)"
+    rf"|,\s*(?=(?:and\s+)?(?:just\s+)?(?:{_EN_VERBS})\b)|,\s*(?:but\s+)?(?=first\b)"
+    # What not to do yet is a part of its own (and no step): "…but don't refund yet",
+    # "…，但先不要发送". Not a bare "别" or "never": "别那么官方" (less formal) and "but
+    # never got a confirmation" say how or what happened.
+    r"|,?\s*\bbut\s+(?=(?:don'?t|do not)\b)|[，,]\s*(?:但是?|可是)?\s*(?=先别|先不要|先不|暂时别)"
     r"|\band then\b|\bthen\b|\bafter that\b|\bafterwards\b|\band also\b|(?<=[.?!,])\s*also\b"
     r"|,?\s*\b(?:and\s+)?finally\b"
     r"|\bonce (?:done|that'?s done|finished)\b|\bwhen (?:done|finished)\b"

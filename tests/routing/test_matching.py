@@ -333,7 +333,9 @@ def test_a_first_part_that_only_tells_is_no_step_to_refuse_for(index, text, expe
 
 
 @pytest.mark.parametrize("text", ["查一下订单状态，先别退款", "先别退款，查一下订单状态",
-                                  "Check the order status; do not refund it"])
+                                  "Check the order status; do not refund it",
+                                  "Check the order status but don't refund yet",
+                                  "Don't refund yet, just check the order status"])
 def test_a_part_that_says_not_to_do_something_is_no_step(index, text):
     """helper-48: "先别退款" (don't refund yet) moved the refund first, and it ran."""
     match = index.match(text)
@@ -439,6 +441,10 @@ def test_clauses_split_on_connectives_and_keep_short_steps_that_name_an_action()
     assert clauses("查订单状态，然后首先把结果发给我") == ["查订单状态", "首先把结果发给我"]
     assert clauses("查一下订单状态，先别退款") == ["查一下订单状态"]
     assert clauses("别忘了提醒我交房租") == ["别忘了提醒我交房租"]
+    assert clauses("写好邮件，但先不要发送") == ["写好邮件"]
+    # How, not what not to do: "别那么官方" (less formal); what happened: "but never got".
+    assert len(clauses("把这段活动通知改得口语化、亲切一点，别那么官方")) == 1
+    assert len(clauses("she was charged but never got a confirmation")) == 1
     assert clauses("整理会议纪要，再做成PPT，最后发给老板") == [
         "整理会议纪要", "做成PPT", "发给老板"]
     assert clauses("First translate it, then polish it, finally send it to the client") == [
