@@ -46,7 +46,11 @@ def normalise_agent_name(name: str) -> str:
 class Namespace(models.Model):
     """Isolates agents (e.g. ``dev`` / ``prod``); reaching across one needs a grant."""
 
-    name = models.SlugField(max_length=63, unique=True)
+    # The descriptors' rule (lower case): "Sales", created through the API, could never
+    # hold an agent (helper-48).
+    name = models.SlugField(max_length=63, unique=True, validators=[RegexValidator(
+        r"^[a-z0-9][a-z0-9_\-]{0,62}\Z",
+        "A namespace name is a slug of lower-case letters, digits, '_' or '-'.")])
     description = models.CharField(max_length=300, blank=True)
 
     class Meta:

@@ -133,6 +133,19 @@ def test_a_lists_own_filters_still_filter_and_are_given_once(alpha, world):
 
 
 @pytest.mark.django_db
+def test_a_namespace_is_named_as_descriptors_name_it(api, world):
+    """helper-48: "Sales" could be created through the API, and then never hold an agent
+    (a descriptor's namespace is lower case)."""
+    api.force_authenticate(world.superuser)
+    for name in ("Sales", "sales eu", "-sales", "s" * 64):
+        error = assert_error(api.post("/api/v1/namespaces/", {"name": name}, format="json"),
+                             400, "invalid_input")
+        assert set(error["details"]) == {"name"}, name
+    assert api.post("/api/v1/namespaces/", {"name": "sales-eu"},
+                    format="json").status_code == 201
+
+
+@pytest.mark.django_db
 def test_a_lone_surrogate_in_a_key_or_deep_yaml_is_a_400_not_a_500(world):
     from tests import factories
     from tests.conftest import key_client
