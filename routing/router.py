@@ -590,7 +590,7 @@ class Router:
         index = self._index()
         if index is None:
             return None
-        allowed, home = self._allowed(index, table, request.tenant_pk)
+        allowed, home = self._allowed(index, table, request.tenant_pk, request.namespace)
         return index.match(request.intent or "",
                            learned=table.learned_by_tenant.get(request.tenant_pk, ()),
                            allowed=allowed, home=home)
@@ -657,17 +657,29 @@ class Router:
             matches=match.ranked, error=last.error if last else "no_capability", **sure,
         )
 
-    def _allowed(self, index: IntentIndex, table: RouteTable, tenant_pk: int):
-        """The index slots of the capabilities the tenant may see, and of those it owns or
-        was granted (None when that is all it sees: nothing to prefer), worked out once
-        per index, agents, grants and tenant (a registration or a grant makes new ones)."""
-        key = (id(index), id(table.agents), id(table.grants), tenant_pk)
+    def _allowed(self, index: IntentIndex, table: RouteTable, tenant_pk: int,
+                 namespace: str):
+        """The index slots of the capabilities the tenant may see in ``namespace``, and
+        of those it owns or was granted (None when that is all it sees: nothing to
+        prefer), worked out once per index, agents, grants, tenant and namespace (a
+        registration or a grant makes new ones). A capability offered only in another
+        namespace, and not granted, is no match (helper-48: it was chosen, then 404'd
+        with no suggestions)."""
+        key = (id(index), id(table.agents), id(table.grants), tenant_pk, namespace)
         found = self._allowed_cache.get(key)
         if found is None:
             if len(self._allowed_cache) >= ALLOWED_CACHE:
                 self._allowed_cache.clear()
-            mask = index.allowed_slots(lambda text: text_visible(table, tenant_pk, text))
-            home = index.allowed_slots(lambda text: text_trusted(table, tenant_pk, text))
+
+            def reachable(text: CapabilityText) -> bool:
+                return _offered(table, text.capability_id, lambda agent, capability: (
+                    agent.namespace == namespace
+                    or _granted(table, tenant_pk, agent, capability)))
+
+            mask = index.allowed_slots(
+                lambda text: text_visible(table, tenant_pk, text) and reachable(text))
+            home = index.allowed_slots(
+                lambda text: text_trusted(table, tenant_pk, text) and reachable(text))
             if np.array_equal(home, mask):
                 home = None
             # The objects are kept with the masks, so their ids are not reused meanwhile.

@@ -689,6 +689,26 @@ def test_a_plan_whose_whole_request_matches_nothing_is_still_routed(encoder):
     assert decision.capability == "calendar.schedule" and decision.chosen is not None
 
 
+def test_an_intent_matches_only_capabilities_in_its_namespace(encoder):
+    """helper-48: a capability offered only in namespace sales-eu was chosen for a
+    default-namespace intent, then refused ("No agent offers 'quote.build'") with no
+    suggestions, though another capability matched in the default namespace."""
+    quotes = agent("quoter", "quote.build", namespace="sales-eu", cap={
+        "display_name": "Price quotes", "description": "Builds a price quote for a customer."})
+    mailer = agent("mailer", "email.send", cap={
+        "display_name": "Email sending", "description": "Sends an email to recipients."})
+    t = table(quotes, mailer)
+    holder = IntentIndexHolder(embedder=encoder)
+    holder.update(t)
+    router = Router(index=holder)
+    text = "build a price quote for the customer"
+    here = router.route(t, RouteRequest(tenant_pk=1, intent=text))
+    assert here.capability != "quote.build" and all(
+        s.capability_id != "quote.build" for s in here.suggestions), here
+    there = router.route(t, RouteRequest(tenant_pk=1, intent=text, namespace="sales-eu"))
+    assert there.capability == "quote.build" and there.chosen is not None
+
+
 def test_the_index_is_rebuilt_only_when_capability_texts_change():
     from dataclasses import replace
 
