@@ -239,7 +239,8 @@ def features(text: str) -> Counter:
 
 # "2024-01-01 之后", "三天以后": after a time is a when, not a next step (a tuning request
 # "查 2024-01-01 之后 GMV 超过 10 万的 SKU" became a plan of two).
-_NOT_AFTER_A_TIME = r"(?<![\d日号月年点天周时分秒])(?<![\d日号月年点天周时分秒]\s)"
+_TIME_MARK = r"[\d日号月年点天周时分秒]"  # what a time ends with: "2024-01-01", "三天", "5 号"
+_NOT_AFTER_A_TIME = rf"(?<!{_TIME_MARK})(?<!{_TIME_MARK}\s)"
 # Where a request asks for two things in order. Longest first, so "然后再" wins over "再".
 _EN_VERBS = (
     r"summari[sz]e|translate|email|e-mail|send|write|draft|make|create|generate|turn|convert|"
@@ -252,7 +253,7 @@ _SPLITTERS = re.compile(
     r"|接着|随后|完了再|最后再|最后(?=[把将帮给用发翻转做写生总提画统查订约退])|顺便再|顺便|并且"
     r"|同时|另外|(?<=的话)"
     r"|(?<![合兼吞归])并(?=[把将翻生总提转做写给])"
-    r"|(?<![\d日号月年点天周时分秒][之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约退])"
+    rf"|(?<!{_TIME_MARK}[之以]后)再(?=[把将帮给用发翻转做写生总提画统查订约退])"
     rf"|[，,]\s*(?:(?:不过|但是|但|可是)\s*)?(?=(?:{_ZH_VERBS}|首先|先))"
     rf"|,\s*(?=(?:and\s+)?(?:just\s+)?(?:{_EN_VERBS})\b)|,\s*(?:but\s+)?(?=first\b)"
     # What not to do yet is a part of its own (and no step): "…but don't refund yet",
@@ -281,24 +282,29 @@ _BEFORE = re.compile(r"^(?P<later>.+?)(?:之前|以前|前)[，,]?\s*(?P<first>�
 _FIRST = re.compile(r"^(?:首先|先)(?![别不没])|^first\b|\bfirst$", re.IGNORECASE)
 # "Refund the customer after you check the order status", "Send it after polishing it":
 # the part after "after" is done first (helper-48: the refund ran alone).
-_AFTER = re.compile(r"^(?P<later>.+?)\s+(?:after|once)\s+"
-                    r"(?P<first>(?:you|we|i)(?:'ve|\s+have)?\s+\w.*|\w+ing\b.*)$",
+_AFTER = re.compile(r"^(?P<later>.+?)\s+(?:after|once)\s+(?P<first>.+)$",
                     re.IGNORECASE | re.DOTALL)
-_NOT_DOING = re.compile(r"(?:every|some|any|no)thing\b|(?:morning|evening|during|spring)\b",
-                        re.IGNORECASE)
 _NOT_NOW = re.compile(r"^(?:先别|先不要|先不|首先别|暂时别|暂时不要|暂不|别|不要|不用)(?!忘)"
                       r"|^(?:but\s+)?(?:don'?t|do not|never)\b(?!\s+(?:forget|let me forget))",
                       re.IGNORECASE)
 _SEQUENCED = re.compile(r"\bthen\b|\bafter that\b|\bfinally\b|然后|接着|随后|之后|最后",
                         re.IGNORECASE)
-_A_TIME = re.compile(r"[\d一二三四五六七八九十日天号月年点周时分秒]$|\b(?:today|tomorrow|tonight|"
+_A_TIME = re.compile(rf"(?:{_TIME_MARK}|[一二三四五六七八九十])$|\b(?:today|tomorrow|tonight|"
                      r"monday|tuesday|wednesday|thursday|friday|saturday|sunday|noon|"
                      r"midnight|[ap]m|morning|evening|afternoon|week|month|year)$",
                      re.IGNORECASE)
-# An English "before" starts a step when an action follows it: "before refunding",
-# "before you send it".
-_DOING = re.compile(rf"^(?:(?:you|we|i|they)\s+\w|\w+ing\b|(?:{_EN_VERBS})\b)",
+# An English "before" or "after" starts a step when an action follows it: "before
+# refunding", "after you've checked it"; not a time ("after lunch", "before Friday") nor
+# a word that only ends like a gerund ("after everything", "before morning").
+_DOING = re.compile(rf"^(?:(?:you|we|i|they)(?:'ve|\s+have)?\s+\w|\w+ing\b|(?:{_EN_VERBS})\b)",
                     re.IGNORECASE)
+_NOT_DOING = re.compile(r"(?:every|some|any|no)thing\b|(?:morning|evening|during|spring)\b",
+                        re.IGNORECASE)
+
+
+def _names_doing(part: str) -> bool:
+    return bool(_DOING.match(part)) and not _NOT_DOING.match(part) \
+        and not _A_TIME.search(part)
 
 
 # Quoted material is what a step works on, never steps of its own: "translate into
@@ -358,14 +364,13 @@ def clauses(text: str) -> list[str]:
 
 def _ordered(text: str) -> list[str]:
     after = _AFTER.match(text)
-    if after is not None and not _A_TIME.search(after["first"]) \
-            and not _NOT_DOING.match(after["first"]):
+    if after is not None and _names_doing(after["first"]):
         return _in_order(after["first"]) + _in_order(after["later"])
     before = _BEFORE.match(text)
     if before is not None:
         first = before["first"] or before["first_en"]
         later = before["later"] or before["later_en"]
-        if not _A_TIME.search(later) and (before["later"] or _DOING.search(later)):
+        if (not _A_TIME.search(later)) if before["later"] else _names_doing(later):
             return _in_order(first) + _in_order(later)
         # Before a time or an event ("周五之前先…", "before Friday, …", "before the
         # meeting, make slides") is when, not a step: "the meeting" was matched as one.
@@ -400,13 +405,16 @@ _ACTION = re.compile(rf"(?:{_ZH_VERBS}|翻|译|订|约|提醒|转|画|审|报|�
                      rf"|\b(?:{_EN_VERBS}|remind|book|order|print|ship)\b", re.IGNORECASE)
 
 
+def _names_a_job(part: str) -> bool:
+    return bool(_ACTION.search(normalise(part)) or concepts(part))
+
+
 def asks_to_do(part: str) -> bool:
     """Whether a part of a request asks for a job to be done: it names an action or a job
     the lexicon knows, and says on what. "我刚开完会" (I just came out of a meeting)
     tells; "麻烦你了", "帮我个忙", "Please help me" (helper-48: each refused the request
     after it) are politeness; "book a meeting with Alice" asks."""
-    return asks_for_something(part) and bool(_ACTION.search(normalise(part))
-                                             or concepts(part))
+    return asks_for_something(part) and _names_a_job(part)
 
 
 def _too_short(part: str) -> bool:
@@ -417,7 +425,7 @@ def _too_short(part: str) -> bool:
     cjk = sum(len(run) for run in _CJK.findall(part))
     if cjk >= 4 or len(_WORD.findall(normalise(part))) >= 2:
         return False
-    return not _ACTION.search(normalise(part)) and not concepts(part)
+    return not _names_a_job(part)
 
 
 # Control characters other than tab and line breaks: no request holds them, and kept

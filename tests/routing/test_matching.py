@@ -268,6 +268,9 @@ def test_an_exact_capability_id_scores_one(index):
 # ---- plans ----------------------------------------------------------------------------
 
 
+CHECK_THEN_REFUND = ("order.status", "refund.request")
+
+
 @pytest.mark.parametrize(("text", "plan"), [
     ("先帮我起草一封给客户的道歉邮件，然后发给 li@acme.com", ("email.draft", "email.send")),
     ("Summarize this 40-page report, then make slides of it", ("doc.summarize", "slides.generate")),
@@ -281,22 +284,22 @@ def test_an_exact_capability_id_scores_one(index):
     # earlier part too (the first part, in Chinese, matched translation best).
     ("把这份中文稿子先润色一下，然后翻成英文", ("text.polish", "translate.text")),
     ("Check where order 55102 is at; if it never shipped I want my money back",
-     ("order.status", "refund.request")),
+     CHECK_THEN_REFUND),
     # The step said to come first runs first (helper-46: the refund was step one, and a
     # call runs step one).
-    ("退款之前先查一下订单状态", ("order.status", "refund.request")),
-    ("如果要退款的话，先查一下订单状态", ("order.status", "refund.request")),
-    ("Before refunding it, check the order status", ("order.status", "refund.request")),
+    ("退款之前先查一下订单状态", CHECK_THEN_REFUND),
+    ("如果要退款的话，先查一下订单状态", CHECK_THEN_REFUND),
+    ("Before refunding it, check the order status", CHECK_THEN_REFUND),
     # Its re-test (helper-47): "然后退款" was glued to the part before it, and the
     # variants of "first" and "before" ran the refund first.
-    ("先查询订单状态，然后退款", ("order.status", "refund.request")),
-    ("帮我退款，不过先查一下订单状态", ("order.status", "refund.request")),
-    ("refund the order, but first check the order status", ("order.status", "refund.request")),
-    ("退款前先查订单", ("order.status", "refund.request")),
+    ("先查询订单状态，然后退款", CHECK_THEN_REFUND),
+    ("帮我退款，不过先查一下订单状态", CHECK_THEN_REFUND),
+    ("refund the order, but first check the order status", CHECK_THEN_REFUND),
+    ("退款前先查订单", CHECK_THEN_REFUND),
     # helper-48: "after" and "once" put the refund alone.
     ("Refund the customer after you check the order status",
-     ("order.status", "refund.request")),
-    ("Refund once you've checked the order status", ("order.status", "refund.request")),
+     CHECK_THEN_REFUND),
+    ("Refund once you've checked the order status", CHECK_THEN_REFUND),
     ("Send the email to Tom after you translate it", ("translate.text", "email.send")),
 ])
 def test_a_multi_step_request_becomes_a_plan_with_a_confidence_per_step(index, text, plan):
