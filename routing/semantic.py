@@ -214,6 +214,20 @@ class Vectors:
         return first, second
 
 
+def hub_of(embedder, vectors: np.ndarray) -> float:
+    """How close one capability's units sit to requests no agent serves: per
+    ``BACKGROUND`` sentence the mean of its best two similarities (as a request is
+    scored), averaged. Units written as requests (examples) sit closer than a
+    description's sentences do; see ``IntentIndex`` for what it corrects."""
+    if not len(vectors):
+        return float("nan")
+    sims = vectors @ _background(embedder).T  # units x background sentences
+    if len(vectors) == 1:
+        return float(sims[0].mean())
+    top = np.sort(sims, axis=0)[-2:]
+    return float(top.mean())
+
+
 def background_floor(embedder, query: np.ndarray) -> float:
     """How close ``query`` sits to requests no agent serves: its mean similarity to
     ``BACKGROUND``, the same for every capability, so it moves the score, not the order."""

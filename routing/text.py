@@ -145,16 +145,25 @@ _CLAUSE_END = re.compile(r"[;!?。；！？，]|[.,](?=\s|$)|(?=\sbut\b)")
 def without_disclaimers(description: str) -> str:
     """``description`` without the clauses that say what the capability does not do;
     the rest as written."""
+    return _split_disclaimers(description)[0]
+
+
+def disclaimers(description: str) -> list[str]:
+    """The clauses of ``description`` that say what the capability does not do: what
+    it is not for, as a ``not_for`` hint says it."""
+    return _split_disclaimers(description)[1]
+
+
+def _split_disclaimers(description: str) -> tuple[str, list[str]]:
     if not _DISCLAIMER.search(description):
-        return description
+        return description, []
     ends = [m.end() for m in _CLAUSE_END.finditer(description)]
-    kept, start = [], 0
+    kept, said_not, start = [], [], 0
     for end in [*ends, len(description)]:
         clause = description[start:end]
-        if not _DISCLAIMER.search(clause):
-            kept.append(clause)
+        (said_not if _DISCLAIMER.search(clause) else kept).append(clause)
         start = end
-    return "".join(kept).strip()
+    return "".join(kept).strip(), [c.strip() for c in said_not if c.strip()]
 
 
 _LANGUAGES = (

@@ -16,7 +16,7 @@ import orjson
 from routing.evaluation import load_requests
 from routing.matcher import CapabilityText, IntentIndex
 from routing.router import IntentIndexHolder, capability_text, capability_texts
-from routing.semantic import negatives
+from routing.semantic import BACKGROUND
 from routing.table import (
     AgentEntry,
     CapabilityEntry,
@@ -176,7 +176,7 @@ def test_a_change_that_leaves_the_texts_alone_keeps_the_index():
 
 
 def _units(c: CapabilityText) -> list[str]:
-    return c.units() + negatives(c.not_for)
+    return c.units() + c.counter_units()
 
 
 def test_a_change_embeds_only_the_texts_it_changed():
@@ -189,7 +189,9 @@ def test_a_change_embeds_only_the_texts_it_changed():
         table = table.apply(Delta(table.version + 1, "agent", "upsert", agent.pk, agent))
     holder = IntentIndexHolder(embedder=embedder, threshold=0.0)
     holder.update(table)
-    assert sorted(embedder.texts) == sorted(
+    # The background sentences once per encoder (``hub_of``), then each text's units.
+    assert sorted(t for t in embedder.texts if t in BACKGROUND) == sorted(BACKGROUND)
+    assert sorted(t for t in embedder.texts if t not in BACKGROUND) == sorted(
         u for c in capability_texts(table).values() for u in _units(c))
     before = len(embedder.texts)
     newcomer = _agent(rng, next(pks), pks, ["brand.new"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -86,6 +86,18 @@ def test_the_development_set_keeps_its_floor(index):
     stated = sum(c for c, _ in report.sureness) / len(report.sureness)
     right = sum(r for _, r in report.sureness) / len(report.sureness)
     assert abs(stated - right) < 0.05 and report.calibration_error() < 0.08, (stated, right)
+
+
+def test_a_catalogue_described_without_examples_refuses_few_answerable_requests(encoder):
+    """The issue's independent evaluation registers capabilities from their descriptions
+    only. With the catalogue's examples removed, the bar chosen with them refused 25 % of
+    the development set's answerable requests (top-1 0.544); it is now lowered by how far
+    the catalogue's texts sit from everyday requests (3.7 %, top-1 0.644)."""
+    bare = [replace(c, examples=()) for c in load_catalogue(EVAL / "catalogue.json")]
+    report = evaluate(IntentIndex(bare, embedder=encoder), load_requests(EVAL / "dev.jsonl"))
+    assert report.wrongly_refused.rate <= 0.05, report.wrongly_refused
+    assert report.top1.rate >= 0.62, report.top1
+    assert report.refusals.rate >= 0.45, report.refusals
 
 
 def test_the_calibration_is_what_the_tuning_set_gives(encoder):
@@ -686,8 +698,16 @@ def test_a_plan_whose_whole_request_matches_nothing_is_still_routed(encoder):
     holder.update(t)
     router = Router(index=holder)
     text = "book a meeting with Alice, then remind me an hour before"
-    assert not holder.index.match(text).ranked  # the whole request matches nothing
     decision = router.route(t, RouteRequest(tenant_pk=1, intent=text))
+    assert decision.error is None and decision.plan == ("calendar.schedule", "reminder.set")
+    assert decision.capability == "calendar.schedule" and decision.chosen is not None
+    # The case itself, whatever the whole request scores in this catalogue (described
+    # only: its bar is lower, and the whole now matches the reminder): a plan with no
+    # match for the whole request.
+    match = holder.index.match(text)
+    assert match.plan == ("calendar.schedule", "reminder.set")
+    decision = router.route(t, RouteRequest(tenant_pk=1, intent=text),
+                            match=replace(match, ranked=()))
     assert decision.error is None and decision.plan == ("calendar.schedule", "reminder.set")
     assert decision.capability == "calendar.schedule" and decision.chosen is not None
 
