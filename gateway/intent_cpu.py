@@ -17,10 +17,14 @@ bucket, a quarter of the size: at most 1.25 shares in all, whatever the number o
 tenants. Light is judged by what a tenant's matching has cost lately (a moving average
 over ``SPEND_TAU_S``, which a refusal does not lower at once), against a bar that falls
 as that last bucket empties, so the lightest keep their way in; and the bucket must hold
-one of the tenant's decisions at what they have cost. Two designs before this
+one of the tenant's decisions at what they have cost. The bar is at least the even split
+of what all matching may take among the tenants matching lately: a tenant spending less
+than its even part is not the one crowding the others out. Three designs before this
 one failed re-tests: "its own bucket full" (tenants refused long enough had full buckets
 again: twelve took 1 s of CPU per second), then "asked nothing for 2 s" (a tenant
-sending two short intents a second was refused behind one heavy tenant).
+sending two short intents a second was refused behind one heavy tenant), then a fixed
+bar of 5 % of a share (helper-49: a tenant sending 13 short intents a second, an eighth
+of its share, had 6-18 % refused while one other tenant flooded).
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ LIGHT_SHARE = 0.25
 # about ``SPEND_TAU_S``), when the light bucket is full; the bar falls as it empties.
 LIGHT_SPEND = 0.05
 SPEND_TAU_S = 10.0
+# Matching lately: a tenant spending at least this (ms per s) counts in the even split;
+# below a hundredth of it, a tenant is forgotten (its spend and its decisions' cost).
+ACTIVE_SPEND = 1.0
+# How often the tenants matching lately are counted (and the forgotten dropped).
+COUNT_EVERY_S = 0.25
 # What one decision of a tenant costs: its dearest lately, fading by this per decision.
 # A tenant's decisions come in the light way only while the light bucket holds one of
 # them (a heavy tenant's long intent, let in once its average spend had faded, took the
@@ -63,6 +72,20 @@ class IntentCpu:
         self._buckets: dict[int, tuple[float, float]] = {}
         self._spend: dict[int, tuple[float, float]] = {}  # tenant -> (ms per s, at)
         self._cost: dict[int, float] = {}  # tenant -> what one of its decisions costs
+        self._active, self._counted_at = 1, -math.inf
+
+    def _matching(self, now: float) -> int:
+        """How many tenants matched lately (at least 1), counted every
+        ``COUNT_EVERY_S``; the long quiet are forgotten then."""
+        if now - self._counted_at >= COUNT_EVERY_S:
+            spends = {t: self._spending(t, now) for t in self._spend}
+            for t, spend in spends.items():
+                if spend < ACTIVE_SPEND / 100:
+                    del self._spend[t]
+                    self._cost.pop(t, None)
+            self._active = max(1, sum(spend >= ACTIVE_SPEND for spend in spends.values()))
+            self._counted_at = now
+        return self._active
 
     def _left(self, bucket: int, now: float) -> float:
         share = LIGHT_SHARE if bucket == LIGHT else 1.0
@@ -86,7 +109,9 @@ class IntentCpu:
             left = self._left(ALL, now)
             if left <= 0:
                 light_left = self._left(LIGHT, now)
-                bar = LIGHT_SPEND * self.ms_per_s * light_left / (self.burst_ms * LIGHT_SHARE)
+                even = (1 + LIGHT_SHARE) * self.ms_per_s / self._matching(now)
+                bar = max(LIGHT_SPEND * self.ms_per_s, even) * light_left / (
+                    self.burst_ms * LIGHT_SHARE)
                 if self._spending(tenant_pk, now) < bar and \
                         self._cost.get(tenant_pk, 0.0) <= light_left:
                     left, buckets = light_left, (tenant_pk, ALL, LIGHT)

@@ -242,6 +242,33 @@ def test_all_tenants_together_get_one_share_and_a_light_tenant_is_still_served()
     assert not ask(5, 1)  # nothing left for light tenants: refused too
 
 
+def test_a_tenant_within_its_even_part_is_served_beside_a_flooding_one():
+    """helper-49: a tenant sending 13 short intents a second (5 ms each: an eighth of
+    its share) had 6-18 % of them refused while one other tenant flooded long intents:
+    the bar for "light" was a fixed 5 % of a share. Now it is at least the even split
+    among the tenants matching, and the matching admitted stays within 1.25 shares."""
+    from gateway.intent_cpu import IntentCpu
+    from reach_core.errors import ReachError
+    from tests.support.clock import FakeClock
+
+    clock = FakeClock()
+    cpu = IntentCpu(ms_per_s=500, burst_ms=500, clock=clock)
+    seconds = 30
+    events = [(i * 0.05, 9, 150.0) for i in range(int(seconds / 0.05))]  # the flood
+    events += [(i / 13, 1, 5.0) for i in range(13 * seconds)]
+    served, admitted = 0, 0.0
+    for when, tenant, ms in sorted(events):
+        clock.now = 1000.0 + when
+        try:
+            cpu.charge(cpu.check(tenant), ms)
+        except ReachError:
+            continue
+        admitted += ms
+        served += tenant == 1
+    assert served == 13 * seconds
+    assert admitted / seconds <= 1.25 * 500
+
+
 def multiplying_schema(levels: int) -> dict:
     """1 KB that checks one value 2^levels times: each level an anyOf of two references
     to the level below (a break test froze a gateway with 25 levels)."""
