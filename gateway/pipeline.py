@@ -61,6 +61,7 @@ from gateway.intent_cpu import IntentCpu, OffLoopMatching
 from gateway.metrics import IDEMPOTENCY_DEGRADED, IDEMPOTENT_REPLAYS, RETRIES, TOKENS
 from gateway.protocols import PROTOCOLS, AgentProtocol, AgentResponse, StreamMeter
 from gateway.sse import (
+    EVENTS_PER_TURN,
     AgentReportedError,
     EventFramer,
     EventNotUnderstood,
@@ -704,7 +705,17 @@ class Pipeline:
         async def relay_events() -> None:
             async for chunk in upstream.response.content.iter_any():
                 out = []
-                for event in framer.feed(chunk):
+                for n, event in enumerate(framer.feed(chunk), 1):
+                    if n % EVENTS_PER_TURN == 0:
+                        # Many events in one piece: the loop is given back between
+                        # turns, what is framed so far relayed first.
+                        if out:
+                            await send({"type": "http.response.body",
+                                        "body": b"".join(out), "more_body": True})
+                            out = []
+                            if ctx.first_byte is None:
+                                ctx.first_byte = time.monotonic()
+                        await asyncio.sleep(0)
                     if is_error_event(event):
                         # The agent's own failure: never relayed as it is (its text is
                         # the agent's internals, its shape not ours), nor hidden under a

@@ -127,6 +127,16 @@ async def chat(request: web.Request) -> web.StreamResponse:
                              b'detail /etc/passwd"}}\n\n')
         await response.write_eof()
         return response
+    if text.startswith("tiny events "):
+        # "tiny events <pieces> <per piece>": pieces of that many comment events each,
+        # then one word (helper-50: 80,000 in a piece held the gateway's loop for 25 s).
+        pieces, per_piece = int(words[2]), int(words[3])
+        for _ in range(pieces):
+            await response.write(b":\n\n" * per_piece)
+        await response.write(b'data: {"choices": [{"delta": {"content": "end"}}]}\n\n'
+                             b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
     if text == "stream garbage":
         await response.write(b'data: {"choices": [{"delta": {"content": "fine "}}]}\n\n'
                              b"data: {not json}\n\n")

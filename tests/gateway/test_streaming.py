@@ -104,3 +104,37 @@ def test_the_callers_deadline_ends_a_stream_that_keeps_dripping(gateway):
     [cancelled] = wait_for(lambda: [s for s in gateway.seen() if "cancelled_at_word" in s],
                            timeout=5, message="the agent to see its caller's deadline")
     assert cancelled["cancelled_at_word"] < 200
+
+
+def test_a_stream_of_many_tiny_events_never_holds_other_calls(gateway):
+    """helper-50: an agent's piece of 80,000 comment events ("\\:\\n\\n") held the gateway's
+    event loop for 25 s, every other call and heartbeat waiting: the framer recopied and
+    rescanned the piece per event. Now it scans each byte once and the relay gives the
+    loop back every ``EVENTS_PER_TURN`` events: a call made while such a stream is being
+    relayed is answered before the stream ends."""
+    import threading
+
+    done: dict[str, float] = {}
+    began = threading.Event()
+
+    def stream() -> None:
+        with gateway.client() as client, client.stream("POST", "/v1/invoke", json={
+            "capability": "chat.scripted", "stream": True,
+            "input": {"text": "tiny events 12 80000"},
+        }, timeout=300) as response:
+            assert response.status_code == 200
+            began.set()
+            raw = b"".join(response.iter_bytes())
+        done["stream"] = time.monotonic()
+        assert raw.count(b":\n\n") == 12 * 80000 and raw.endswith(b"data: [DONE]\n\n")
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    assert began.wait(30)
+    with gateway.client() as client:
+        reply = client.post("/v1/invoke", json={"capability": "echo.all",
+                                                "input": {"text": "still here"}})
+    done["call"] = time.monotonic()
+    streaming.join(300)
+    assert reply.status_code == 200 and "stream" in done
+    assert done["call"] < done["stream"]
