@@ -444,7 +444,7 @@ class Caller:
             # A plain agent that streams whatever it is asked (an SDK generator) answered
             # a call that did not ask for a stream: its events, read whole, are the reply.
             meter = protocol.stream_meter()
-            data = collected(body, meter)
+            data = await collected(body, meter)
         else:
             try:
                 data = orjson.loads(body)
@@ -479,16 +479,19 @@ class Caller:
 
     def _record_timeout(self, instance_pk: int, ctx: CallContext, *, started: float,
                         budget_s: float, spent: bool) -> bool:
-        """Whether a time-out counts against the agent (its breaker, its "unanswered"
-        mark), and records it if so. When the budget that ran out was one the caller cut
-        short, only if the agent also outwaited its patience (4 x its usual latency, at
-        least 100 ms): a caller's own tight deadline says nothing of a healthy agent and,
-        counted, would let one caller open the breaker every caller shares — but a hung
-        agent must still be found when every caller sends a deadline."""
+        """Whether a time-out counts against the agent's standing in routing (its
+        "unanswered" mark, its success rate), and records it. When the budget that ran
+        out was one the caller cut short, only if the agent also outwaited its patience
+        (4 x its usual latency, at least 100 ms), so a hung agent is still passed over
+        when every caller sends a deadline; and never on its breaker, which refuses every
+        caller: one caller's deadline, shorter than what its own requests take, opened a
+        healthy agent's breaker for all (helper-50: eleven calls cut at 100 ms)."""
         waited = time.monotonic() - started
-        if ctx.caller_bound and (spent or waited >= budget_s - TIMER_SLACK_S) \
-                and waited < self.feedback.patience_s(instance_pk):
-            return False
+        if ctx.caller_bound and (spent or waited >= budget_s - TIMER_SLACK_S):
+            if waited < self.feedback.patience_s(instance_pk):
+                return False
+            self.feedback.record(instance_pk, ok=False, latency_ms=waited * 1000)
+            return True
         self._record(instance_pk, ok=False, started=started)
         return True
 

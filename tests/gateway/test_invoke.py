@@ -187,6 +187,20 @@ def test_a_callers_own_tight_deadline_never_opens_the_agents_breaker(gateway):
     assert response.status_code == 200, response.text
 
 
+def test_a_callers_deadline_past_the_agents_patience_never_opens_its_breaker(gateway):
+    """helper-50: the agent usually answers in a few ms (so its patience is 100 ms), and
+    eleven calls of a request it takes longer over, cut by the caller at 100 ms, opened
+    its breaker for every caller. Such time-outs now only count in routing."""
+    for _ in range(10):
+        assert invoke(gateway, "echo.all", {"text": "fast"}).status_code == 200
+    for _ in range(15):
+        response = invoke(gateway, "slow.op", {}, headers={"X-Reach-Deadline-Ms": "300"})
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["code"] == "deadline_exceeded"
+    response = invoke(gateway, "echo.all", {"text": "still served"})
+    assert response.status_code == 200, response.text
+
+
 def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
