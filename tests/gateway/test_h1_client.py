@@ -504,3 +504,67 @@ def test_an_agent_that_spoke_out_of_turn_gets_no_kept_connection_for_a_while():
     bodies, kept = run(go())
     assert bodies == [b'{"n":%d}' % n for n in range(4)]
     assert kept == [0, 0, 0, 0] and len(connections) == 4
+
+
+def test_a_reply_of_tiny_chunks_never_holds_the_event_loop():
+    """helper-50: a reply of a million 1-byte chunks held the gateway's loop for the whole
+    read (1.5 s): each chunk is a Python call to parse, the loop reads a socket up to 32
+    times a turn, and counted by its bytes the buffer never reached its high-water mark.
+    Each chunk now counts ``CHUNK_COST`` more: reading pauses after one read's worth, so
+    other work gets a turn between reads (counted in loop turns, not in time)."""
+    import socket
+    import threading
+
+    import uvloop
+
+    import gateway.h1 as h1
+
+    chunks = 300_000
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + b"1\r\nx\r\n" * chunks + b"0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    turns, reads_in_turn = [0], []
+    original = h1._Connection.data_received
+
+    def counted(self, data):
+        reads_in_turn.append(turns[0])
+        original(self, data)
+
+    async def go():
+        stop = asyncio.Event()
+
+        async def tick():
+            while not stop.is_set():
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.ensure_future(tick())
+        client = session()
+        response = await client.post(f"http://127.0.0.1:{port}/call", data=b"{}", headers={},
+                                     timeout=aiohttp.ClientTimeout(total=60))
+        body = await response.read()
+        stop.set()
+        await ticker
+        response.release()
+        await client.close()
+        return body
+
+    h1._Connection.data_received = counted
+    try:
+        body = uvloop.run(go())
+    finally:
+        h1._Connection.data_received = original
+        listener.close()
+    assert body == b"x" * chunks
+    most_in_one_turn = max(reads_in_turn.count(t) for t in set(reads_in_turn))
+    assert most_in_one_turn <= 2, most_in_one_turn
