@@ -109,14 +109,20 @@ def parse_json(raw: bytes) -> dict:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if wide_integer(raw):  # past a double's range orjson gives up (helper-50)
+            raise _too_wide() from None
         raise ReachError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ReachError("invalid_input", "Request body must be a JSON object.")
     check_parsed(raw, body)
     if wide_integer(raw):
-        raise ReachError("invalid_input", "An integer in the body is outside -2^63 to "
-                         "2^64-1 and cannot be carried exactly: send it as a string.")
+        raise _too_wide()
     return body
+
+
+def _too_wide() -> ReachError:
+    return ReachError("invalid_input", "An integer in the body is outside -2^63 to "
+                      "2^64-1 and cannot be carried exactly: send it as a string.")
 
 
 # orjson reads an integer beyond -2**63 .. 2**64-1 as a float, silently rounded (a break

@@ -105,6 +105,9 @@ def test_an_integer_json_cannot_carry_is_refused_not_rounded(scripted):
                     gw._headers({"Content-Type": "application/json", **headers})))
             return {
                 "wide": await raw(f'{{"capability": "echo.all", "input": {{"n": {WIDE}}}}}'),
+                # Past a double's range too (helper-50: 5,000 digits was malformed_json).
+                "huge": await raw('{"capability": "echo.all", "input": {"n": 9%s}}'
+                                  % ("0" * 5000)),
                 "keyed": [await raw(f'{{"capability": "echo.all", "input": {{"n": {n}}}}}',
                                     Idempotency_Key="k-wide")
                           for n in (WIDE, WIDE[:-1] + "2")],
@@ -119,7 +122,7 @@ def test_an_integer_json_cannot_carry_is_refused_not_rounded(scripted):
             }
 
     replies = run(scenario())
-    for reply in (replies["wide"], *replies["keyed"]):
+    for reply in (replies["wide"], replies["huge"], *replies["keyed"]):
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["code"] == "invalid_input"
         assert "as a string" in reply.json()["error"]["message"]
