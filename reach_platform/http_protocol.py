@@ -131,10 +131,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._idle = True
         self._head_bytes = 0
         self._heads += 1
-        upgrades, connection = [], b""
+        upgrades, connection, hosts = [], b"", 0
         size = len(self.url)
         for name, value in self.headers:
             size += len(name) + len(value) + 4
+            hosts += name == b"host"
             # Only chunked framing: a coding before it (gzip, chunked) would be ignored
             # by everything downstream, the body read as if it were plain. Raising here
             # ends the parse: the 400 below (send_400_response), the connection closed.
@@ -149,6 +150,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # data_received: the same bound, on what the parser handed over.
             raise self._refused(f"The request head exceeds {MAX_HEAD_BYTES} bytes.",
                                 b"431 Request Header Fields Too Large", "headers_too_large")
+        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() != "1.0"):
+            # RFC 9112 3.2: exactly one Host in HTTP/1.1 (helper-50: two were served, the
+            # name a proxy in front and this server read could differ).
+            raise self._refused("A request must carry exactly one Host header.")
         upgrade = next((u for u in upgrades if u != b"websocket"), None)
         if upgrade is not None and b"upgrade" in connection:
             # The parser hands whatever follows such a head to the new protocol: the
@@ -156,6 +161,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # smuggled call). Only WebSocket (the tunnel) is spoken here.
             raise self._refused(f"Upgrade to {upgrade.decode('latin-1')[:40]!r} is not "
                                 "supported: send the request without it.")
+        if b"websocket" in upgrades and b"upgrade" in connection \
+                and self.parser.get_method() != b"GET":
+            # A handshake is a GET (RFC 6455 4.1): any other was refused by the WebSocket
+            # protocol in plain text, not in the platform's error shape (helper-50).
+            raise self._refused("A WebSocket upgrade must be a GET request.")
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:

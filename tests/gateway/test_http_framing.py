@@ -93,10 +93,19 @@ def test_idle_kept_alive_connections_and_slow_calls_are_not_cut(gateway):
     "Content-Length: -1\r\n\r\n",
     "X-Request-ID: a\x00b\r\nContent-Length: 2\r\n\r\n{}",
     "Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    # RFC 9112 3.2: exactly one Host (helper-50: two, or none, were served).
+    "Host: elsewhere\r\nContent-Length: 2\r\n\r\n{}",
+    "no host",
+    # A WebSocket handshake that is not a GET (helper-50: a plain-text 400).
+    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nContent-Length: 2\r\n\r\n{}",
 ])
 def test_bytes_that_are_no_request_get_400_in_the_one_error_shape(gateway, framing):
+    head = HEAD
+    if framing == "no host":
+        head, framing = HEAD.replace("Host: gw\r\n", ""), "Content-Length: 2\r\n\r\n{}"
     with connect(gateway) as sock:
-        sock.sendall(f"{HEAD}Authorization: Bearer {gateway.key}\r\n{framing}".encode())
+        sock.sendall(f"{head}Authorization: Bearer {gateway.key}\r\n{framing}".encode())
         reply = read_all(sock)  # and the connection is closed
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), reply[:300]
