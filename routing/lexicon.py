@@ -24,8 +24,12 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
         "说了什么", "what does it say", "what is it about", "what's it about",
     ),
     "translate": (
-        "translate", "translation", "translator", "localize", "localise", "localization",
-        "翻译", "翻成", "译成", "译为", "翻一下", "怎么说", "译文", "英译中", "中译英", "本地化",
+        "translate", "translation", "translator",
+        "翻译", "翻成", "译成", "译为", "翻一下", "怎么说", "译文", "英译中", "中译英",
+    ),
+    # Its own sense, not translation's (the issue: "localize" counted as translation).
+    "localize": (
+        "localize", "localise", "localization", "localisation", "l10n", "本地化",
     ),
     "rewrite": (
         "rewrite", "rephrase", "paraphrase", "polish", "reword", "tone", "formal", "casual",

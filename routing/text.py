@@ -135,7 +135,8 @@ def _trimmed(char: str) -> bool:
 _DISCLAIMER = re.compile(
     r"\b(?:does not|doesn't|do not|don't|cannot|can't|will not|won't|never|is not|isn't|"
     r"not for|handled by|instead|please use|use the|use our)\b"
-    r"|不会|不支持|不负责|不提供|不处理|不能|无法|不包括|不含|请用|请使用|请找|由.{1,12}负责",
+    r"|不会|不支持|不负责|不提供|不处理|不做|不涉及|不用于|不适用|不受理|不办理|不能|无法|不包括|"
+    r"不含|请用|请使用|请找|请转|由.{1,12}负责",
     re.IGNORECASE)
 # Where a clause ends: after a stop, a semicolon or a Chinese comma, after an ASCII stop
 # or comma that a space follows ("20,000" and "v1.2" are not ends), and before "but".

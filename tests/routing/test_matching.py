@@ -19,7 +19,7 @@ from routing.embedders import configured_embedder
 from routing.evaluation import evaluate, fitted_calibration, load_catalogue, load_requests
 from routing.matcher import CALIBRATION, CapabilityText, IntentIndex, Match, Score
 from routing.router import IntentIndexHolder, Router, RouteRequest
-from routing.text import clauses
+from routing.text import clauses, features
 from tests.routing.tables import agent, table
 
 EVAL = Path(__file__).parent / "data" / "eval"
@@ -1131,6 +1131,30 @@ def test_a_description_saying_what_it_does_not_do_draws_no_requests_by_it(encode
         assert match.best is None, match.ranked
         assert IntentIndex([ORDERS, *OTHERS], embedder=embedder).match(
             "what did I buy in order 88123 and is it paid?").best.capability_id == "order.status"
+
+
+def test_a_chinese_description_saying_what_it_does_not_do_draws_no_requests_by_it(encoder):
+    """helper-51: "…不做发票图片识别。" (does no invoice-image reading) was not read as a
+    disclaimer: "发票图片识别" went to the invoicing capability at 0.995; and "localize"
+    was a form of the lexicon's translation concept (one of the issue's sense bugs)."""
+    catalogue = [
+        CapabilityText("fin.invoice", "", "为客户开具增值税专用发票或普通发票，返回电子发票 PDF。"
+                       "不做发票图片识别。"),
+        CapabilityText("fin.invoice_ocr", "", "识别发票扫描件或照片，"
+                       "提取发票代码、号码、金额和税号。"),
+        CapabilityText("content.translate", "", "Translates documents between Chinese and "
+                       "English. 不做本地化改写。"),
+        CapabilityText("content.localize", "", "Adapts UI strings and marketing copy to a "
+                       "target market: currency, dates, units and tone."),
+    ]
+    for embedder in (None, encoder):
+        index = IntentIndex(catalogue, embedder=embedder)
+        for text, away in (("发票图片识别", "fin.invoice"),
+                           ("做一下本地化改写", "content.translate")):
+            match = index.match(text)
+            assert match.best is None or match.best.capability_id != away, (text, match.ranked)
+        assert index.match("给上海明远开一张增值税专票").best.capability_id == "fin.invoice"
+    assert "k:translate" not in features("localize the app for Canada")
 
 
 def test_a_negative_hint_on_one_step_leaves_the_other_step_routable(encoder):
