@@ -43,6 +43,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from reach_core.errors import error_body
+from reach_core.requestid import new_request_id
 from routing.table import RouteTable
 
 logger = logging.getLogger(__name__)
@@ -426,11 +428,13 @@ class TunnelHub:
         raw_instance = headers.get("x-reach-instance", "")
         agent_pk = await self._authenticate(token) if token else None
         if agent_pk is None:
-            await send({"type": "websocket.close", "code": CLOSE_UNAUTHORIZED})
+            await _refuse(scope, send, CLOSE_UNAUTHORIZED, 401, "unauthorized",
+                          "An agent token (Authorization: Bearer) is needed for a tunnel.")
             return
         instance_pk = int(raw_instance) if raw_instance.isdigit() else None
         if instance_pk is None or not await self._owns(agent_pk, instance_pk):
-            await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
+            await _refuse(scope, send, CLOSE_FORBIDDEN, 403, "forbidden",
+                          "X-Reach-Instance must name an instance of this token's agent.")
             return
         await send({"type": "websocket.accept"})
         lock = asyncio.Lock()
@@ -671,3 +675,17 @@ class TunnelSession:
             stream.close()
             raise
         return response
+
+
+async def _refuse(scope, send, close_code: int, status: int, code: str, message: str) -> None:
+    """A handshake refused in the platform's error shape where the server can answer it
+    in HTTP (helper-50: a bare 403 with an empty body), else by the close code."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": close_code})
+        return
+    request_id = new_request_id()
+    body = orjson.dumps(error_body(code=code, message=message, request_id=request_id))
+    await send({"type": "websocket.http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})

@@ -119,6 +119,25 @@ def test_bytes_that_are_no_request_get_400_in_the_one_error_shape(gateway, frami
                                                "input": {}}).status_code == 200
 
 
+@pytest.mark.parametrize("auth, status, code", [
+    ("", b"401", "unauthorized"),
+    ("Authorization: Bearer rt_not_a_token\r\n", b"401", "unauthorized"),
+])
+def test_a_tunnel_handshake_refused_is_answered_in_the_one_shape(gateway, auth, status, code):
+    """helper-50: a tunnel handshake without a token got a bare 403, no body, no id."""
+    with connect(gateway) as sock:
+        sock.sendall(b"GET /v1/tunnel HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
+                     b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"Sec-WebSocket-Version: 13\r\nX-Reach-Instance: 1\r\n"
+                     + auth.encode() + b"\r\n")
+        reply = read_reply(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 " + status), reply[:300]
+    error = json.loads(body)["error"]
+    assert error["code"] == code
+    assert f"x-request-id: {error['request_id']}".encode() in head.lower()
+
+
 def test_a_websocket_upgrade_anywhere_but_the_tunnel_gets_404_in_the_one_shape(gateway):
     with connect(gateway) as sock:
         sock.sendall(b"GET /v1/invoke HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
