@@ -88,6 +88,15 @@ class CircuitBreakers:
             b.probe_started_at = now
             return True
 
+    def no_verdict(self, instance_pk: int) -> None:
+        """A call ended saying nothing of the instance (its caller's deadline cut it): if
+        it was the half-open probe, another call may probe now, not after a cool-down
+        (helper-50: a probe cut by its caller's deadline kept the breaker shut)."""
+        with self._lock:
+            b = self._breakers.get(instance_pk)
+            if b is not None and b.state is BreakerState.HALF_OPEN:
+                b.probe_started_at = None
+
     def record(self, instance_pk: int, *, ok: bool) -> None:
         """Record one call's outcome; creates the breaker if the instance has none yet.
 

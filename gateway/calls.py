@@ -488,6 +488,7 @@ class Caller:
         healthy agent's breaker for all (helper-50: eleven calls cut at 100 ms)."""
         waited = time.monotonic() - started
         if ctx.caller_bound and (spent or waited >= budget_s - TIMER_SLACK_S):
+            self.breakers.no_verdict(instance_pk)
             if waited < self.feedback.patience_s(instance_pk):
                 return False
             self.feedback.record(instance_pk, ok=False, latency_ms=waited * 1000)
@@ -503,6 +504,8 @@ class Caller:
         """``ok`` None: the stream ended for a reason that says nothing of the agent."""
         if ok is not None:
             self._record(upstream.candidate.instance.pk, ok=ok, started=upstream.started)
+        else:
+            self.breakers.no_verdict(upstream.candidate.instance.pk)
 
 
 _UPSTREAM_TIMERS: dict[str, object] = {}

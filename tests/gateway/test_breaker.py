@@ -132,6 +132,24 @@ def test_stuck_probe_is_replaced_after_cooldown() -> None:
     assert not cb.allow(1)
 
 
+def test_a_probe_that_ends_with_no_verdict_lets_the_next_call_probe() -> None:
+    """helper-50: a half-open probe cut by its caller's deadline (nothing said of the
+    instance) kept every other call out until its cool-down ran out."""
+    clock = FakeClock()
+    cb = _breakers(clock)
+    _open(cb, 1)
+    clock.advance(30)
+    assert cb.allow(1)  # the probe
+    assert not cb.allow(1)
+    cb.no_verdict(1)
+    assert cb.open_instances() == frozenset()
+    assert cb.allow(1)  # the next call probes at once
+    cb.record(1, ok=True)
+    assert cb.state(1) is BreakerState.CLOSED
+    cb.no_verdict(1)  # nothing to release when closed
+    assert cb.state(1) is BreakerState.CLOSED
+
+
 def test_late_results_while_open_do_not_close() -> None:
     clock = FakeClock()
     cb = _breakers(clock)
