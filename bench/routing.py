@@ -16,6 +16,9 @@ router: by words only (``intent_p99_ms``) and with the sentence encoder
 (``semantic_p99_ms``, the request embedded once per decision). Also capability-id
 routing. Prints figures; asserts nothing.
 
+``--without-examples`` measures the catalogue without its examples, as capabilities
+registered from descriptions are (the issue's independent evaluation registers them so).
+
 Last line: ``routing sealed_top1=<x> sealed_zh=<x> sealed_en=<x> sealed_mixed=<x> plans=<x>
 refusals=<x> wrongly_refused=<x> intent_p99_ms=<x> semantic_p99_ms=<x>`` (with another
 ``--set``, its name replaces ``sealed``).
@@ -24,6 +27,7 @@ refusals=<x> wrongly_refused=<x> intent_p99_ms=<x> semantic_p99_ms=<x>`` (with a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import sys
@@ -120,6 +124,9 @@ def main() -> None:
     parser.add_argument("--id-calls", type=int, default=20_000)
     parser.add_argument("--calibrate", action="store_true",
                         help="fit matcher.CALIBRATION on the tuning set, print it and stop")
+    parser.add_argument("--without-examples", action="store_true",
+                        help="the catalogue's capabilities without their examples: as "
+                        "capabilities registered from descriptions are")
     args = parser.parse_args()
 
     encoder = configured_embedder("multilingual")
@@ -130,12 +137,16 @@ def main() -> None:
                 IntentIndex(load_catalogue(EVAL / "catalogue.json"), embedder=embedder), tuning)
             print(f"{name}: " + ", ".join(f"{w:.3f}" for w in fitted))
         return
-    index = IntentIndex(load_catalogue(EVAL / "catalogue.json"), embedder=encoder)
+    catalogue = load_catalogue(EVAL / "catalogue.json")
+    if args.without_examples:
+        catalogue = [dataclasses.replace(c, examples=()) for c in catalogue]
+    index = IntentIndex(catalogue, embedder=encoder)
     rows = load_requests(EVAL / f"{args.set}.jsonl")
     report = evaluate(index, rows)
     name = args.set
-    print(f"{name} set: {len(rows)} requests over {len(load_catalogue(EVAL / 'catalogue.json'))}"
-          " capabilities (router: sentence encoder + words)")
+    print(f"{name} set: {len(rows)} requests over {len(catalogue)} capabilities"
+          f"{' without their examples' if args.without_examples else ''}"
+          " (router: sentence encoder + words)")
     print(f"  top-1 {report.top1.rate:.3f} ({report.top1.hits}/{report.top1.total})")
     for label, tallies in (("language", report.by_lang), ("kind", report.by_kind)):
         print(f"  by {label}: " + ", ".join(f"{k} {v.rate:.3f} ({v.hits}/{v.total})"
