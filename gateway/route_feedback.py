@@ -93,13 +93,17 @@ class FeedbackRecorder:
                     f"is not a known field (known here: {', '.join(_FIELDS)})"]
         intent, capability = body.get("intent"), body.get("capability")
         routed_to = body.get("routed_to")
-        if not isinstance(intent, str) or says_nothing(intent):
+        if intent is not None and not isinstance(intent, str):
+            problems["intent"] = [f"must be a string, not {_json_type(intent)}"]
+        elif not isinstance(intent, str) or says_nothing(intent):
             problems["intent"] = ["is required: the request's text"]
         elif holds_control(intent):
             problems["intent"] = ["holds a control character (a NUL, an escape...)"]
         elif len(intent) > MAX_INTENT_CHARS:
             problems["intent"] = [f"must be 1 to {MAX_INTENT_CHARS} characters of text"]
-        if not isinstance(capability, str) or not capability:
+        if capability is not None and not isinstance(capability, str):
+            problems["capability"] = [f"must be a string, not {_json_type(capability)}"]
+        elif not isinstance(capability, str) or not capability:
             problems["capability"] = ["is required: the capability id finally used"]
         elif len(capability) > MAX_CAPABILITY_CHARS or not capability_visible(
                 table, key.tenant_pk, capability):
@@ -182,3 +186,12 @@ class FeedbackRecorder:
             "intent": intent, "capability": capability, "routed_to": routed_to,
             "source": str(source), "occurred_at": time.time(),
         })
+
+
+def _json_type(value: object) -> str:
+    """What a parsed JSON value is, in JSON's words."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {dict: "an object", list: "an array"}.get(type(value), "a string")

@@ -67,6 +67,11 @@ def test_bad_feedback_gets_a_structured_400_naming_each_field(gateway):
     escape = assert_error(post(gateway, {"intent": "numbers \x1b[8m", "capability": "echo.all",
                                          "routed_to": "echo\x07"}), 400, "invalid_input")
     assert set(escape["details"]) == {"intent", "routed_to"}
+    # A wrong type is named as one (helper-51: a list was "is required").
+    typed = assert_error(post(gateway, {"intent": ["list"], "capability": 5}), 400,
+                         "invalid_input")
+    assert typed["details"] == {"intent": ["must be a string, not an array"],
+                                "capability": ["must be a string, not a number"]}
     # Nothing of them was shipped: a good one sent after is the only row that arrives.
     assert post(gateway, {"intent": "sentinel", "capability": "echo.all"}).status_code == 202
     assert [row.intent for row in arrived(gateway)] == ["sentinel"]
