@@ -74,5 +74,7 @@ def test_stopping_the_server_closes_every_upstream_session(gateway, tmp_path):
     # and it was closed: aiohttp would warn of an unclosed one under -X dev.
     assert " 1 upstream sessions closed" in log, log
     assert UNCLOSED not in log and "Traceback" not in log, log
-    # The WebSocket route is refused cleanly (the tunnel is not served yet), not a 500.
-    assert upgrade.startswith(b"HTTP/1.1 403"), upgrade
+    # The WebSocket route is refused cleanly (no agent token), in the one error shape,
+    # not a 500.
+    assert upgrade.startswith(b"HTTP/1.1 401"), upgrade
+    assert b'"code":"unauthorized"' in upgrade, upgrade
