@@ -1,13 +1,14 @@
-"""A call's JSON body is checked the same whatever its size: repeated keys and nesting past
-the limit are refused, strings that look like keys or brackets are not. Past
-``LARGE_BODY`` it is checked on its text (a walk of a large parsed body held the event
-loop: helper-52), so each case is tried small and padded past that size."""
+"""A call's JSON body is checked the same whatever its shape: repeated keys and nesting
+past the limit are refused, strings that look like keys or brackets are not. With more
+than ``WALKED_CONTAINERS`` brackets it is checked on its text (a walk of a body of many
+arrays held the event loop: helper-52), so each case is tried as it is and padded past
+that many brackets."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.http_io import LARGE_BODY, MAX_JSON_DEPTH, parse_json
+from gateway.http_io import MAX_JSON_DEPTH, WALKED_CONTAINERS, parse_json
 from reach_core.errors import ReachError
 
 CASES = [
@@ -31,11 +32,12 @@ def outcome(raw: bytes) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("padding", [b"x", b"x" * (LARGE_BODY + 1)])
+@pytest.mark.parametrize("padding", [b"[]", b"[" + b"[]," * WALKED_CONTAINERS + b"[]]"])
 @pytest.mark.parametrize("field, refused", CASES)
-def test_a_body_is_checked_the_same_small_or_large(field, refused, padding):
-    raw = b'{"a": "' + padding + b'", ' + field + b"}"
-    assert (len(raw) > LARGE_BODY) == (len(padding) > 1)
+def test_a_body_is_checked_the_same_walked_or_read_as_text(field, refused, padding):
+    raw = b'{"a": ' + padding + b', ' + field + b"}"
+    many = raw.count(b"[") + raw.count(b"{") > WALKED_CONTAINERS
+    assert many == (len(padding) > 2)
     assert outcome(raw) == refused, raw[-200:]
 
 
