@@ -23,7 +23,12 @@ The agent (``--agent``):
   what a caller of a real agent sees.
 
 The proxy and the agent share core 0 (``taskset``), so at concurrency 32 the throughput
-ratio is about agent CPU / (agent CPU + proxy CPU).
+ratio is about agent CPU / (agent CPU behind the proxy + proxy CPU). The agent's CPU per
+call is measured behind each target, not only directly: driven directly by 32
+connections it serves many requests per wake-up, and behind any proxy on its own core it
+is woken per request and costs more (so a ratio is below what the proxy's CPU alone
+predicts). Each target's kernel share of its CPU and core 0's busy share are printed
+beside it.
 
 wrk (``apt-get install wrk``) drives the agent directly and the gateway's ``POST
 /v1/invoke`` at concurrency 1 and 32; a Python client measures SSE time to first event,
@@ -344,10 +349,30 @@ def process_cpu_seconds(pid: int) -> float:
     return cpu_seconds(pid) + sum(cpu_seconds(child) for child in child_pids(pid))
 
 
+def core_busy(cpu: int) -> tuple[int, int]:
+    """Busy and total jiffies of one CPU so far (``/proc/stat``)."""
+    for row in Path("/proc/stat").read_text().splitlines():
+        if row.startswith(f"cpu{cpu} "):
+            fields = [int(v) for v in row.split()[1:]]
+            idle = fields[3] + fields[4]
+            return sum(fields) - idle, sum(fields)
+    return 0, 0
+
+
+def process_system_seconds(pid: int) -> float:
+    """Kernel CPU seconds of a process and its children so far: their syscalls, the
+    loopback TCP stack's work among them."""
+    return sum(_stat_seconds(p, 12) for p in (pid, *child_pids(pid)))
+
+
+def _stat_seconds(pid: int, field: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[field]) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_seconds(pid, 11) + _stat_seconds(pid, 12)
 
 
 def setup_platform(env: dict, agent_port: int) -> str:
@@ -457,7 +482,7 @@ def main() -> None:
 
         def measure() -> dict[str, float]:
             """One run of every measurement; prints its table and returns the figures."""
-            results, cpu_us = {}, {}
+            results, cpu_us, agent_us, busy, system = {}, {}, {}, {}, {}
             targets = [("direct", direct, agent_port, agent)]
             if nginx is not None:
                 targets.append(("nginx", direct, nginx_port, nginx))
@@ -467,6 +492,8 @@ def main() -> None:
                 run_wrk(script, port, 2, 32, 1)  # warm-up: pools, caches, JIT-free but warm
                 for threads, connections in ((1, 1), (2, 32)):
                     cpu_before = process_cpu_seconds(proc.pid)
+                    agent_before, core_before = cpu_seconds(agent.pid), core_busy(SERVER_CPU)
+                    system_before = process_system_seconds(proc.pid)
                     spy = (profile_start(proc.pid, args.duration, args.profile)
                            if args.profile and name == "gateway" and connections == 32 else None)
                     out = run_wrk(script, port, threads, connections, args.duration)
@@ -476,6 +503,13 @@ def main() -> None:
                     if connections == 32:
                         cpu_us[name] = ((process_cpu_seconds(proc.pid) - cpu_before) * 1e6
                                         / max(1, results[(name, connections)].requests))
+                        agent_us[name] = ((cpu_seconds(agent.pid) - agent_before) * 1e6
+                                          / max(1, results[(name, connections)].requests))
+                        core_after = core_busy(SERVER_CPU)
+                        system[name] = ((process_system_seconds(proc.pid) - system_before)
+                                        / max(1e-9, process_cpu_seconds(proc.pid) - cpu_before))
+                        busy[name] = ((core_after[0] - core_before[0])
+                                      / max(1, core_after[1] - core_before[1]))
             cpu_per_req_us = cpu_us["gateway"]
 
             print(f"{'target':8} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
@@ -492,6 +526,10 @@ def main() -> None:
                       f"cpu_us_per_req={cpu_us['nginx']:.0f}; at c32 the gateway does "
                       f"{rps['gateway'] / rps['nginx']:.2f} of nginx's req/s, the bare "
                       f"pass-through {rps['bare'] / rps['nginx']:.2f}")
+            print("at c32, each target's kernel share of its CPU, the agent's CPU per call and "
+                  "core 0's busy share: " + ", ".join(
+                      f"{name} {100 * system[name]:.0f}% {agent_us[name]:.0f} us "
+                      f"{100 * busy[name]:.0f}%" for name in agent_us))
             print(f"agent: {args.agent}, CPU per call {cpu_us['direct']:.0f} us "
                   f"(plus --agent-cpu-us {args.agent_cpu_us:.0f})")
             c1_added = results[("gateway", 1)].p50_ms - results[("direct", 1)].p50_ms
