@@ -22,7 +22,10 @@ Replies keep request order: a refusal of a pipelined request (400, 408, 431) wai
 the replies to the requests before it. A head is held to ``MAX_HEAD_BYTES`` (431),
 cut while still arriving, refused when it came whole in one read. ``Upgrade`` to
 anything but WebSocket is refused (400): the parser would hand the body to the other
-protocol, lost or read as a smuggled request.
+protocol, lost or read as a smuggled request. A request needs exactly one Host, and it
+must be ``host[:port]`` (400); a WebSocket handshake the WebSocket protocol would refuse
+in plain text (not a GET, no valid key, a version other than 13: 426) is refused here
+in the one error shape.
 Bytes between requests (a lone CRLF) start the head deadline.
 
 A caller that closes its connection (a FIN, or a reset) before its reply has begun is
@@ -41,6 +44,9 @@ Served with ``uvicorn --http reach_platform.http_protocol:GuardedHttpToolsProtoc
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import re
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -54,17 +60,32 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 # refuses heads over its own 16 KiB once they are in; this bounds what the parser holds
 # before that, for every route (the API's included).
 MAX_HEAD_BYTES = 64 * 1024
+# RFC 9112 3.2 / RFC 3986 3.2.2: uri-host [":" port], the host an IP literal in brackets,
+# or a reg-name (possibly empty). Anything else (a space, a path, a second authority)
+# is a 400: a name that a proxy in front and this server could read differently.
+_HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(?::[0-9]{0,5})?")
 
 
-def _closing_reply(status: bytes, code: str, message: str) -> bytes:
+def _closing_reply(status: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
     """A whole reply in the platform's one error shape, with its request id, after
-    which the connection is closed (what came before it cannot be framed)."""
+    which the connection is closed (what came before it cannot be framed). ``extra``:
+    more header lines, each ending in CRLF."""
     request_id = new_request_id()
     body = orjson.dumps(error_body(code=code, message=message, request_id=request_id))
     retry = b"true" if kind_of(code).retryable else b"false"
     return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
-            b"x-should-retry: %s\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
-            % (status, request_id.encode(), retry, len(body))) + body
+            b"x-should-retry: %s\r\n%sconnection: close\r\ncontent-length: %d\r\n\r\n"
+            % (status, request_id.encode(), retry, extra, len(body))) + body
+
+
+def _websocket_key_ok(keys: list[bytes]) -> bool:
+    """RFC 6455 4.2.1: exactly one Sec-WebSocket-Key, 16 bytes in base64."""
+    if len(keys) != 1:
+        return False
+    try:
+        return len(base64.b64decode(keys[0].strip(), validate=True)) == 16
+    except (binascii.Error, ValueError):
+        return False
 
 
 def header_timeout_s() -> float:
@@ -131,11 +152,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._idle = True
         self._head_bytes = 0
         self._heads += 1
-        upgrades, connection, hosts = [], b"", 0
+        upgrades, connection, hosts, host = [], b"", 0, b""
         size = len(self.url)
         for name, value in self.headers:
             size += len(name) + len(value) + 4
-            hosts += name == b"host"
+            if name == b"host":
+                hosts += 1
+                host = value
             # Only chunked framing: a coding before it (gzip, chunked) would be ignored
             # by everything downstream, the body read as if it were plain. Raising here
             # ends the parse: the 400 below (send_400_response), the connection closed.
@@ -154,6 +177,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # RFC 9112 3.2: exactly one Host in HTTP/1.1 (helper-50: two were served, the
             # name a proxy in front and this server read could differ).
             raise self._refused("A request must carry exactly one Host header.")
+        if hosts and _HOST.fullmatch(host) is None:
+            # helper-52: a Host holding a path, spaces or a second authority was served.
+            raise self._refused("The Host header must be a host name or address, with an "
+                                "optional port.")
         upgrade = next((u for u in upgrades if u != b"websocket"), None)
         if upgrade is not None and b"upgrade" in connection:
             # The parser hands whatever follows such a head to the new protocol: the
@@ -166,10 +193,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # A handshake is a GET (RFC 6455 4.1): any other was refused by the WebSocket
             # protocol in plain text, not in the platform's error shape (helper-50).
             raise self._refused("A WebSocket upgrade must be a GET request.")
+        if b"websocket" in upgrades and b"upgrade" in connection:
+            self._check_handshake()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             cycle.transport = _OneWriteReplies(self.transport, cycle, self._linger)
+
+    def _check_handshake(self) -> None:
+        """A WebSocket handshake the WebSocket protocol would refuse in plain text is
+        refused here in the platform's error shape (RFC 6455 4.2.2: an unsupported
+        version gets 426 naming the one spoken)."""
+        versions = [v.strip() for n, v in self.headers if n == b"sec-websocket-version"]
+        if versions != [b"13"]:
+            self._refusal = _closing_reply(
+                b"426 Upgrade Required", "bad_request",
+                "Only WebSocket version 13 is spoken (one Sec-WebSocket-Version: 13).",
+                b"sec-websocket-version: 13\r\n")
+            raise ValueError("unsupported WebSocket version")
+        if not _websocket_key_ok([v for n, v in self.headers if n == b"sec-websocket-key"]):
+            raise self._refused("A WebSocket handshake needs one Sec-WebSocket-Key: 16 "
+                                "bytes in base64.")
 
     def data_received(self, data: bytes) -> None:
         if self._linger_timer is not None or self._last_reply is not None:

@@ -119,6 +119,56 @@ def test_bytes_that_are_no_request_get_400_in_the_one_error_shape(gateway, frami
                                                "input": {}}).status_code == 200
 
 
+@pytest.mark.parametrize("host", ["gw /v1/admin", "gw/v1", "user@gw", "gw:80:81", "[::1",
+                                  "gw:port", "gw:123456"])
+def test_a_host_that_is_no_host_name_gets_400(gateway, host):
+    """RFC 9112 3.2: a Host that is not ``host[:port]`` is a 400 (helper-52: a Host with a
+    path and spaces was served); ordinary names, addresses and ports are served."""
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "echo.all").replace(b"Host: gw\r\n",
+                                                       f"Host: {host}\r\n".encode()))
+        reply = read_all(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), reply[:300]
+    assert json.loads(body)["error"]["code"] == "bad_request"
+    assert not [s for s in gateway.seen() if s["path"] == "/echo"]
+    for good in ("127.0.0.1:8000", "[::1]:80", "gw.example-1.internal", "GW"):
+        with connect(gateway) as sock:
+            sock.sendall(call(gateway, "echo.all").replace(b"Host: gw\r\n",
+                                                           f"Host: {good}\r\n".encode()))
+            assert read_reply(sock).startswith(b"HTTP/1.1 200"), good
+
+
+TUNNEL = (b"GET /v1/tunnel HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
+          b"Connection: Upgrade\r\nX-Reach-Instance: 1\r\n")
+
+
+@pytest.mark.parametrize("handshake, status", [
+    (b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n", b"426"),
+    (b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", b"426"),
+    (b"Sec-WebSocket-Version: 13\r\n", b"400"),
+    (b"Sec-WebSocket-Key: not base64!\r\nSec-WebSocket-Version: 13\r\n", b"400"),
+    (b"Sec-WebSocket-Key: c2hvcnQ=\r\nSec-WebSocket-Version: 13\r\n", b"400"),
+    (b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="
+     b"\r\nSec-WebSocket-Version: 13\r\n", b"400"),
+])
+def test_a_malformed_websocket_handshake_is_answered_in_the_one_shape(gateway, handshake,
+                                                                       status):
+    """helper-52: a tunnel handshake with a version other than 13, or without a valid
+    key, got the WebSocket protocol's plain-text 400. RFC 6455 4.2.2: an unsupported
+    version is 426 naming the version spoken."""
+    with connect(gateway) as sock:
+        sock.sendall(TUNNEL + handshake + b"\r\n")
+        reply = read_all(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 " + status), reply[:300]
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "bad_request"
+    assert f"x-request-id: {error['request_id']}".encode() in head.lower()
+    assert (b"sec-websocket-version: 13" in head.lower()) == (status == b"426")
+
+
 @pytest.mark.parametrize("auth, status, code", [
     ("", b"401", "unauthorized"),
     ("Authorization: Bearer rt_not_a_token\r\n", b"401", "unauthorized"),
