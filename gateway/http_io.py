@@ -112,6 +112,12 @@ def parse_json(raw: bytes) -> dict:
     except orjson.JSONDecodeError as exc:
         if wide_integer(raw):  # past a double's range orjson gives up (helper-50)
             raise _too_wide() from None
+        if str(exc).startswith("number is infinity"):
+            # Valid JSON that no double holds (1e400): a value out of range, as a wide
+            # integer is, not a syntax error (helper-52 got malformed_json for one and
+            # invalid_input for the other).
+            raise ReachError("invalid_input", "A number in the body is beyond a double's "
+                             f"range and cannot be carried: send it as a string ({exc}).") from None
         raise ReachError("malformed_json", f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ReachError("invalid_input", "Request body must be a JSON object.")

@@ -108,6 +108,8 @@ def test_an_integer_json_cannot_carry_is_refused_not_rounded(scripted):
                 # Past a double's range too (helper-50: 5,000 digits was malformed_json).
                 "huge": await raw('{"capability": "echo.all", "input": {"n": 9%s}}'
                                   % ("0" * 5000)),
+                # A float no double holds is out of range too, not malformed (helper-52).
+                "inf": await raw('{"capability": "echo.all", "input": {"x": -1e400}}'),
                 "keyed": [await raw(f'{{"capability": "echo.all", "input": {{"n": {n}}}}}',
                                     Idempotency_Key="k-wide")
                           for n in (WIDE, WIDE[:-1] + "2")],
@@ -122,7 +124,7 @@ def test_an_integer_json_cannot_carry_is_refused_not_rounded(scripted):
             }
 
     replies = run(scenario())
-    for reply in (replies["wide"], replies["huge"], *replies["keyed"]):
+    for reply in (replies["wide"], replies["huge"], replies["inf"], *replies["keyed"]):
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["code"] == "invalid_input"
         assert "as a string" in reply.json()["error"]["message"]
