@@ -584,8 +584,13 @@ class GatewayApp:
         if agents not in ("1", "true", "yes", "0", "false", "no"):
             raise ReachError("bad_request", "'agents' is true or false.")
         with_agents = agents in ("1", "true", "yes")
+        # The agents listed and called are those reachable in the namespace named, as on
+        # every other door (a capability of another namespace was listed, then its call
+        # routed in "default" and found nothing).
+        namespace = doors.namespace_of(header(scope, b"x-reach-namespace"),
+                                       query_params(scope).get("namespace"))
         return await self.mcp.answer(table, who, raw, with_agents=with_agents,
-                                     request_id=request_id, scope=scope)
+                                     request_id=request_id, scope=scope, namespace=namespace)
 
     async def _task_doors(self, request_id, scope, receive, send) -> tuple[TaskDoors, int]:
         request = await self._request(request_id, scope, receive, send)

@@ -25,7 +25,7 @@ from gateway.pipeline import Pipeline, deadline_header
 from gateway.protocols.base import thaw
 from gateway.tools import ToolCaller, ToolDoors, as_text, manual, parameters
 from reach_core.errors import ReachError
-from routing.router import visible_to
+from routing.router import RouteRequest, reachable_in
 from routing.table import RouteTable
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -43,8 +43,8 @@ class McpServer:
         self.pipeline = pipeline
 
     async def answer(self, table: RouteTable, who: ToolCaller, raw: bytes, *,
-                     with_agents: bool, request_id: str,
-                     scope: dict | None = None) -> tuple[int, bytes | None]:
+                     with_agents: bool, request_id: str, scope: dict | None = None,
+                     namespace: str = "default") -> tuple[int, bytes | None]:
         """The HTTP status and body for one POST: 202 without a body when it held only
         notifications or responses."""
         try:
@@ -58,7 +58,7 @@ class McpServer:
         if isinstance(message, list):  # batches: 2025-03-26 only, and not served here
             return 400, orjson.dumps(_error(None, INVALID_REQUEST, "Send one message per "
                                             "request (JSON-RPC batches are not served)."))
-        reply = await self._one(table, who, message, with_agents, request_id, scope)
+        reply = await self._one(table, who, message, with_agents, request_id, scope, namespace)
         if reply is None:
             return 202, None
         # Not a JSON-RPC message at all: the HTTP answer says so too.
@@ -70,7 +70,7 @@ class McpServer:
                                             "result is nested too deeply to forward."))
 
     async def _one(self, table, who, message, with_agents: bool, request_id: str,
-                   scope: dict | None = None):
+                   scope: dict | None = None, namespace: str = "default"):
         """The reply to one message; None for a notification or a response. A message
         this server cannot take at all is answered with INVALID_REQUEST (HTTP 400)."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
@@ -100,21 +100,23 @@ class McpServer:
         if method == "ping":
             return _result(ident, {})
         if method == "tools/list":
-            return _result(ident, {"tools": self._listed(table, who, with_agents)})
+            return _result(ident, {"tools": self._listed(table, who, with_agents, namespace)})
         if method == "tools/call":
             name, arguments = params.get("name"), params.get("arguments") or {}
             if not isinstance(name, str):
                 return _error(ident, INVALID_PARAMS, "'name' must name a tool.")
             return await self._call(table, who, ident, name, arguments, with_agents,
-                                    request_id, scope)
+                                    request_id, scope, namespace)
         return _error(ident, METHOD_NOT_FOUND, f"Method {str(method)[:100]!r} is not served.")
 
-    def _listed(self, table: RouteTable, who: ToolCaller, with_agents: bool) -> list[dict]:
+    def _listed(self, table: RouteTable, who: ToolCaller, with_agents: bool,
+                namespace: str) -> list[dict]:
         listed = [{"name": t.name, "title": t.display_name or t.name,
                    "description": manual(t), "inputSchema": parameters(t)}
                   for t in self.tools.permitted(table, who)]
         if with_agents:
-            for name, (agent, capability) in capability_tools(table, who.tenant_pk).items():
+            for name, (agent, capability) in capability_tools(table, who.tenant_pk,
+                                                              namespace).items():
                 listed.append({
                     "name": name, "title": capability.display_name or capability.capability_id,
                     "description": (capability.description or agent.description
@@ -124,7 +126,7 @@ class McpServer:
         return listed
 
     async def _call(self, table, who, ident, name: str, arguments, with_agents: bool,
-                    request_id: str, scope: dict | None = None):
+                    request_id: str, scope: dict | None = None, namespace: str = "default"):
         tool = table.tools_by_name.get(name)
         if tool is not None and tool.callable_by(who.tenant_pk, who.agent_pk):
             try:
@@ -136,14 +138,16 @@ class McpServer:
                 "content": [{"type": "text", "text": as_text(reply["result"])}],
                 "structuredContent": reply, "isError": not reply["ok"]})
         if with_agents and name.startswith(CAPABILITY_PREFIX):
-            found = capability_tools(table, who.tenant_pk).get(name)
+            found = capability_tools(table, who.tenant_pk, namespace).get(name)
             if found is not None:
                 return _result(ident, await self._capability(
-                    table, who, found[1].capability_id, arguments, request_id, scope))
+                    table, who, found[1].capability_id, arguments, request_id, scope,
+                    namespace))
         return _error(ident, INVALID_PARAMS, f"Unknown tool {name[:100]!r}.")
 
     async def _capability(self, table, who, capability_id: str, arguments,
-                          request_id: str, scope: dict | None = None) -> dict:
+                          request_id: str, scope: dict | None = None,
+                          namespace: str = "default") -> dict:
         """One capability call through the pipeline (routing, limits, budgets, metering),
         as the caller's tenant."""
         if not isinstance(arguments, dict):
@@ -158,7 +162,7 @@ class McpServer:
             # ignored on this door).
             ctx.caller_budget_ms = deadline_header(scope) if scope is not None else None
             call = doors.invoke_call({"capability": capability_id, "input": arguments},
-                                     who.tenant_pk, namespace=None, internal=False)
+                                     who.tenant_pk, namespace=namespace, internal=False)
             result = await self.pipeline.perform(table, call, ctx, scope=scope)
         except ReachError as error:
             return _failed(error, request_id)
@@ -170,9 +174,12 @@ class McpServer:
                 "structuredContent": answer, "isError": False}
 
 
-def capability_tools(table: RouteTable, tenant_pk: int) -> dict[str, tuple]:
-    """The capabilities a tenant may reach, as MCP tool names (``agent__<id>``, id's other
-    characters as ``_``) -> (the first agent offering it, its capability entry)."""
+def capability_tools(table: RouteTable, tenant_pk: int,
+                     namespace: str = "default") -> dict[str, tuple]:
+    """The capabilities a tenant may reach in ``namespace``, as MCP tool names
+    (``agent__<id>``, id's other characters as ``_``) -> (the first agent offering it
+    there, its capability entry)."""
+    request = RouteRequest(tenant_pk=tenant_pk, namespace=namespace)
     out: dict[str, tuple] = {}
     for capability_id in sorted(table.agents_by_capability):
         name = (CAPABILITY_PREFIX + _UNSAFE.sub("_", capability_id))[:64]
@@ -182,7 +189,7 @@ def capability_tools(table: RouteTable, tenant_pk: int) -> dict[str, tuple]:
             agent = table.agents.get(pk)
             capability = next((c for c in agent.capabilities
                                if c.capability_id == capability_id), None) if agent else None
-            if capability is not None and visible_to(table, tenant_pk, agent, capability):
+            if capability is not None and reachable_in(table, request, agent, capability):
                 out[name] = (agent, capability)
                 break
     return out

@@ -400,6 +400,14 @@ def text_visible(table: RouteTable, tenant_pk: int, text: CapabilityText) -> boo
         _wrote(text, agent) and visible_to(table, tenant_pk, agent, capability)))
 
 
+def reachable_in(table: RouteTable, request: RouteRequest, agent: AgentEntry,
+                 capability: CapabilityEntry) -> bool:
+    """Whether the agent's capability is one the request's tenant may call in its
+    namespace (it may still be filtered out for the moment: a version, a language)."""
+    reason = capability_filter(table, request, agent, capability)
+    return reason is None or reason[0] not in _INVISIBLE
+
+
 def capability_filter(
     table: RouteTable, request: RouteRequest, agent: AgentEntry, capability: CapabilityEntry
 ) -> tuple[str, str] | None:

@@ -618,3 +618,54 @@ def test_mcp_calls_keep_the_callers_deadline(gateway):
     assert bad["isError"] and bad["structuredContent"]["error"]["code"] == "invalid_input"
     whole = tools_call("4000")
     assert not whole["isError"], whole
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_lists_and_calls_the_agents_of_the_namespace_it_is_told(gateway):
+    """An agent in another namespace was listed by /mcp?agents=true, and its call routed
+    in "default", where nothing offered it: /mcp now reads X-Reach-Namespace (or
+    ?namespace=) as every door does, listing and calling that namespace's agents."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from registry.models import Instance, Namespace
+    from registry.services import agent_register
+    from registry.spec import AgentSpec, CapabilitySpec
+
+    Namespace.objects.get_or_create(name="team-b")
+    agent_register(tenant=gateway.tenant, spec=AgentSpec(
+        name="team-b-echo", namespace="team-b",
+        endpoint=f"http://127.0.0.1:{gateway.agent_port}/", lease_ttl_seconds=3600,
+        capabilities=(CapabilitySpec(capability_id="teamb.echo", path="/echo"),)))
+    Instance.objects.update(lease_expires_at=timezone.now() + dt.timedelta(hours=1))
+    headers = {"Authorization": f"Bearer {gateway.key}",
+               "Accept": "application/json, text/event-stream"}
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "agent__teamb_echo", "arguments": {"text": "in team-b"}}}
+
+    def names(**extra) -> set[str]:
+        reply = httpx.post(f"{gateway.base}/mcp?agents=true", json=listing,
+                           headers={**headers, **extra}, timeout=10)
+        assert reply.status_code == 200, reply.text
+        return {t["name"] for t in reply.json()["result"]["tools"]}
+
+    wait_for(lambda: "agent__teamb_echo" in names(**{"X-Reach-Namespace": "team-b"}),
+             timeout=15, interval=0.05, message="the gateway to know team-b's agent")
+    assert "agent__teamb_echo" not in names()
+    assert "agent__echo_all" in names() and "agent__echo_all" not in names(
+        **{"X-Reach-Namespace": "team-b"})
+    for url, extra in ((f"{gateway.base}/mcp?agents=true", {"X-Reach-Namespace": "team-b"}),
+                       (f"{gateway.base}/mcp?agents=true&namespace=team-b", {})):
+        called = httpx.post(url, json=call, headers={**headers, **extra}, timeout=10)
+        assert called.status_code == 200, called.text
+        result = called.json()["result"]
+        assert not result["isError"], result
+        assert "in team-b" in result["content"][0]["text"]
+    unknown = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, headers=headers,
+                         timeout=10)
+    assert unknown.json()["error"]["code"] == -32602  # not a tool of "default"
+    bad = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, timeout=10,
+                     headers={**headers, "X-Reach-Namespace": "../etc"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
