@@ -37,6 +37,7 @@ from yarl import URL
 from gateway.auth import authenticate
 from gateway.breaker import CircuitBreakers
 from gateway.calls import Caller
+from gateway.h1 import MalformedReply
 from gateway.limits import Limit
 from gateway.metrics import TOOL_CALL_DURATION, TOOL_CALLS
 from gateway.protocols.base import thaw
@@ -301,6 +302,9 @@ class ToolDoors:
                     response, RESULT_MAX_BYTES,
                     f"The tool's answer is larger than {RESULT_MAX_BYTES} bytes."), secret)
                 return response.status, _result(response.content_type, raw)
+        except MalformedReply as exc:  # not the network's doing: the service's answer
+            raise ReachError("upstream_bad_response", f"The tool's answer is refused: {exc}."
+                             ) from None
         except aiohttp.ClientConnectorError as exc:
             raise _Retryable("upstream_error", f"cannot connect to the tool's service "
                              f"({exc.os_error})", delivered=False) from exc

@@ -669,3 +669,32 @@ def test_mcp_lists_and_calls_the_agents_of_the_namespace_it_is_told(gateway):
     bad = httpx.post(f"{gateway.base}/mcp?agents=true", json=call, timeout=10,
                      headers={**headers, "X-Reach-Namespace": "../etc"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_compressed_tool_answer_is_refused_not_inflated_past_the_limit(gateway):
+    """helper-53: a tool answering 200 KB of gzip (200 MB inflated) got past the 4 MiB
+    answer limit, inflated by the client; three such calls stalled the gateway. Tools
+    are asked for identity, and an encoded answer is 502 upstream_bad_response."""
+    import gzip
+
+    inflated = b'{"a": "' + b"0" * (6 * 1024 * 1024) + b'"}'
+    asked: list[str | None] = []
+
+    def bomb(handler, body):
+        asked.append(handler.headers.get("Accept-Encoding"))
+        return 200, "application/json", gzip.compress(inflated), {"Content-Encoding": "gzip"}
+
+    service = LoopbackService(bomb)
+    try:
+        stock_tool(gateway.tenant, service.url)
+        token = agent_token(gateway, "scripted")
+        wait_for_tool(gateway.base, token)
+        reply = tool_call(gateway.base, token, {"sku": "A-1"})
+    finally:
+        service.close()
+    assert reply.status_code == 502, reply.text[:300]
+    error = reply.json()["error"]
+    assert error["code"] == "upstream_bad_response"
+    assert "Content-Encoding: gzip" in error["message"]
+    assert asked and set(asked) == {"identity"}

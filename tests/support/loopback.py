@@ -8,8 +8,9 @@ import http.server
 import threading
 from collections.abc import Callable
 
-# (the request as the server parsed it, its body) -> (status, content type or None, body)
-Answer = Callable[[http.server.BaseHTTPRequestHandler, bytes], tuple[int, str | None, bytes]]
+# (the request as the server parsed it, its body) -> (status, content type or None, body),
+# or with a fourth item, more headers: {name: value}.
+Answer = Callable[[http.server.BaseHTTPRequestHandler, bytes], tuple]
 
 
 class LoopbackService:
@@ -19,10 +20,12 @@ class LoopbackService:
         class Handler(http.server.BaseHTTPRequestHandler):
             def _serve(self):
                 length = int(self.headers.get("Content-Length") or 0)
-                status, content_type, data = answer(self, self.rfile.read(length))
+                status, content_type, data, *more = answer(self, self.rfile.read(length))
                 self.send_response(status)
                 if content_type:
                     self.send_header("Content-Type", content_type)
+                for name, value in (more[0] if more else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
