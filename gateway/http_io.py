@@ -214,6 +214,13 @@ def require_json(scope, what: str = "the request body") -> None:
     if content_type.strip().lower() != "application/json":
         raise ReachError("unsupported_media_type",
                          f"Send {what} as Content-Type: application/json.")
+    encoding = header(scope, b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        # RFC 9110 8.4: a coding the server does not decode is a 415. Read as plain,
+        # a gzip body is "not JSON", and a plain one labelled gzip was served as if
+        # no proxy on the way could have decoded it otherwise (helper-53).
+        raise ReachError("unsupported_media_type", f"Send {what} unencoded: "
+                         f"Content-Encoding {encoding[:40]!r} is not decoded here.")
     # JSON is UTF-8 (RFC 8259): a body declared in another charset would be misread.
     for parameter in parameters.split(";"):
         name, _, value = parameter.partition("=")

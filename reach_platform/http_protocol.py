@@ -173,7 +173,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # data_received: the same bound, on what the parser handed over.
             raise self._refused(f"The request head exceeds {MAX_HEAD_BYTES} bytes.",
                                 b"431 Request Header Fields Too Large", "headers_too_large")
-        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() != "1.0"):
+        version = self.parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            # helper-53: "HTTP/2.0" in a request line was served as HTTP/1.1 (2.0 is no
+            # version of this syntax: HTTP/2 has its own framing).
+            raise self._refused(f"HTTP/{version} is not served here: send HTTP/1.1.",
+                                b"505 HTTP Version Not Supported")
+        if hosts > 1 or (hosts == 0 and version != "1.0"):
             # RFC 9112 3.2: exactly one Host in HTTP/1.1 (helper-50: two were served, the
             # name a proxy in front and this server read could differ).
             raise self._refused("A request must carry exactly one Host header.")

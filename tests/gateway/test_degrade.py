@@ -131,13 +131,23 @@ def test_bodies_must_be_utf8_json_objects_without_repeated_or_unknown_keys(scrip
                 "/v1/invoke", content='{"capability": "echo.all", "input": {"t": "é"}}'
                 .encode("latin-1"),
                 headers={**auth, "Content-Type": "application/json; charset=ISO-8859-1"})
+            # A coding the gateway does not decode (helper-53: a plain body labelled gzip
+            # was served); identity is no coding.
+            encoded = [await gw.client.post(
+                "/v1/invoke", content=b'{"capability": "echo.all", "input": {}}',
+                headers={**auth, "Content-Type": "application/json",
+                         "Content-Encoding": coding}) for coding in ("gzip", "identity")]
             misspelt = await gw.post("/v1/invoke", {"capability": "echo.all", "imput": {}})
             versionless = await gw.post("/v1/invoke", {"capability": "echo.all",
                                                        "min_version": "not.a.version"})
-            return plain, repeated, nested_repeat, tricky, deep, latin, misspelt, versionless
+            return (plain, repeated, nested_repeat, tricky, deep, latin, misspelt, versionless,
+                    encoded)
 
-    plain, repeated, nested_repeat, tricky, deep, latin, misspelt, versionless = \
+    plain, repeated, nested_repeat, tricky, deep, latin, misspelt, versionless, encoded = \
         run(scenario())
+    assert encoded[0].status_code == 415, encoded[0].text
+    assert "Content-Encoding" in encoded[0].json()["error"]["message"]
+    assert encoded[1].status_code == 200, encoded[1].text
     assert versionless.status_code == 400  # read leniently it would match any version
     assert versionless.json()["error"]["details"] == {"min_version": ["not a version"]}
     assert latin.status_code == 415, latin.text  # JSON is UTF-8: never misread

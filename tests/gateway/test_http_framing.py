@@ -139,6 +139,22 @@ def test_a_host_that_is_no_host_name_gets_400(gateway, host):
             assert read_reply(sock).startswith(b"HTTP/1.1 200"), good
 
 
+@pytest.mark.parametrize("version", ["2.0", "3.0", "0.9"])
+def test_a_request_line_of_another_http_version_gets_505(gateway, version):
+    """helper-53: "POST /v1/invoke HTTP/2.0" was served (and its agent called)."""
+    with connect(gateway) as sock:
+        sock.sendall(call(gateway, "echo.all").replace(b"HTTP/1.1", f"HTTP/{version}".encode(),
+                                                       1))
+        reply = read_all(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    if version == "2.0":
+        assert head.startswith(b"HTTP/1.1 505"), reply[:300]
+    elif not head.startswith(b"HTTP/1.1 505"):  # llhttp may refuse it first
+        assert head.startswith(b"HTTP/1.1 400"), reply[:300]
+    assert json.loads(body)["error"]["code"] == "bad_request"
+    assert not [s for s in gateway.seen() if s["path"] == "/echo"]
+
+
 TUNNEL = (b"GET /v1/tunnel HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
           b"Connection: Upgrade\r\nX-Reach-Instance: 1\r\n")
 
