@@ -305,13 +305,16 @@ LOGGING = {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
             "filters": ["request_id"],
-        }
+        },
+        "null": {"class": "logging.NullHandler"},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         # A request with a Host header we do not serve gets its 400; a stranger must not
         # be able to write a traceback into our log per request.
-        "django.security.DisallowedHost": {"handlers": [], "propagate": False},
+        # No handlers at all is not silence: logging's last resort prints the message
+        # and its traceback to stderr (helper-53 found 40 lines per request).
+        "django.security.DisallowedHost": {"handlers": ["null"], "propagate": False},
         # uvicorn's own lines in the same format as ours, not in a second one.
         "uvicorn": _ONE_FORMAT, "uvicorn.error": {**_ONE_FORMAT, "level": "INFO"},
         "uvicorn.access": _ONE_FORMAT,

@@ -175,3 +175,19 @@ def test_claim_own_port_joins_the_setting(settings, monkeypatch):
     assert os.environ["REACH_OWN_PORTS"] == "8000,8765"
     with pytest.raises(EndpointRefused):
         check_registration("http://127.0.0.1:8765/", endpoint_policy())
+
+
+def test_a_request_for_another_host_writes_no_traceback_to_the_log(first_run):
+    """helper-53: each request naming a Host the platform does not serve wrote Django's
+    DisallowedHost traceback (about 40 lines) to the output, though its logger had no
+    handler: logging's last resort printed it. The request still gets its JSON 400."""
+    base, _, data_dir = first_run
+    log = data_dir.parent / "log"
+    reply = httpx.get(f"{base}/api/v1/agents/", headers={"Host": "evil.example"})
+    assert reply.status_code == 400, reply.text
+    request_id = reply.headers["x-request-id"]
+    # The access line comes after the request's own lines: once it is in, they are too.
+    wait_for(lambda: request_id in log.read_text(), timeout=10, interval=0.05,
+             message="the request's access line")
+    output = log.read_text()
+    assert "Traceback" not in output and "Invalid HTTP_HOST" not in output
