@@ -68,6 +68,7 @@ PRESENCE_S = 1.0  # how often a gateway learns which tunnels the others hold
 # two prefixes would wait on each other's blocking reads.
 RELAY_PREFIX = "tunnel"
 CLOSE_TOO_BIG = 1009
+CLOSE_NOT_A_FRAME = 1007  # RFC 6455: data inconsistent with the message's type
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_REPLACED = 4409
@@ -295,6 +296,15 @@ class TunnelConnection:
         self.streams.pop(sid, None)
         spawn(self._frame({"t": "cancel", "id": sid}))
 
+    def broke(self, what: str) -> None:
+        """The agent sent what belongs to no call (a frame that is no JSON object): it
+        does not speak the protocol, and every call on the tunnel fails as its bad
+        response, at once rather than at its deadline."""
+        self.closed = True
+        streams, self.streams = list(self.streams.values()), {}
+        for stream in streams:
+            stream.fail(TunnelBadFrame(f"the agent's tunnel sent {what}"))
+
     def lost(self) -> None:
         """The socket is gone: every call on it fails now (delivered: the agent had it)."""
         self.closed = True
@@ -473,9 +483,14 @@ class TunnelHub:
                 try:
                     frame = orjson.loads(raw)
                 except orjson.JSONDecodeError:
-                    continue
-                if isinstance(frame, dict):
-                    connection.on_frame(frame)
+                    frame = None
+                if not isinstance(frame, dict):
+                    # Skipped, it left the call it was meant for waiting out its
+                    # deadline (helper-53 saw such calls end as retryable errors).
+                    connection.broke("a frame that is not a JSON object")
+                    await send({"type": "websocket.close", "code": CLOSE_NOT_A_FRAME})
+                    return
+                connection.on_frame(frame)
         finally:
             pinging.cancel()
             connection.lost()

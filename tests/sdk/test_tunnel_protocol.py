@@ -36,6 +36,9 @@ async def _answer(ws, frame: dict) -> None:
         await send(t="head", status=200, headers=["not", "a", "mapping"])
     elif mode == "no-head":
         await send(t="data", data='{"x": 1}')
+    elif mode == "garbage":  # no JSON object: a frame of no call
+        await ws.send_str("{not json")
+        return
     elif mode == "flood":  # past its 256 KiB of credit, never waiting for more
         await send(t="head", status=200, headers=json_head)
         for _ in range(10):
@@ -44,7 +47,10 @@ async def _answer(ws, frame: dict) -> None:
 
 
 def _hostile_tunnel(base: str, token: str, instance: int, ready: threading.Event,
-                    closed: list, oversize: threading.Event) -> None:
+                    closed: list, oversize: threading.Event,
+                    done: threading.Event | None = None) -> None:
+    done = done if done is not None else closed_ready
+
     async def run() -> None:
         async with aiohttp.ClientSession() as session, session.ws_connect(
                 f"{base}/v1/tunnel", max_msg_size=0, headers={
@@ -62,7 +68,7 @@ def _hostile_tunnel(base: str, token: str, instance: int, ready: threading.Event
                     continue
                 if message.type != aiohttp.WSMsgType.TEXT:
                     closed.append(ws.close_code)
-                    closed_ready.set()
+                    done.set()
                     return
                 frame = orjson.loads(message.data)
                 if frame.get("t") == "ping":
@@ -72,7 +78,7 @@ def _hostile_tunnel(base: str, token: str, instance: int, ready: threading.Event
     try:
         asyncio.run(run())
     finally:
-        closed_ready.set()
+        done.set()
 
 
 closed_ready = threading.Event()
@@ -121,3 +127,42 @@ def test_protocol_breaches_fail_their_call_as_a_bad_response(platform):
         assert answer.elapsed.total_seconds() < 5, mode  # at once, not at the deadline
     assert after.status_code == 200 and after.json()["output"] == {"ok": True}
     assert closed == [1009]  # a frame over 4 MiB closes the tunnel
+
+
+def test_a_frame_that_is_no_json_object_fails_the_tunnels_calls_at_once(platform):
+    """helper-53: a frame that is not JSON was skipped, its call left waiting; the agent
+    does not speak the protocol: the tunnel is closed (1007) and its calls fail as the
+    agent's bad response (not retryable), at once."""
+    agent = Agent("sdk-garbage", description="replaced by a hand-written tunnel client")
+
+    @agent.capability("garbage.call")
+    def call(input, ctx):
+        return {"from": "the SDK"}
+
+    running = agent.start(platform=platform.base, key=platform.manage_key, reach="tunnel",
+                          heartbeat_s=1.0)
+    ready, never, done, closed = threading.Event(), threading.Event(), threading.Event(), []
+    try:
+        assert running.tunnel.connected.wait(10)
+        running._loop.call_soon_threadsafe(running.tunnel.stop)
+        wait_for(lambda: not running.tunnel.connected.is_set(), timeout=10)
+        threading.Thread(target=_hostile_tunnel, daemon=True, args=(
+            platform.base, running.registration.agent_token,
+            running.registration.instance_id, ready, closed, never, done)).start()
+        assert ready.wait(10)
+        headers = {"Authorization": f"Bearer {platform.key}"}
+
+        def invoke(mode: str) -> httpx.Response:
+            return httpx.post(f"{platform.base}/v1/invoke", headers=headers, timeout=30,
+                              json={"capability": "garbage.call", "input": {"mode": mode}})
+        wait_for(lambda: invoke("ok").status_code == 200, timeout=15,
+                 message="the hand-written tunnel to be routable")
+        answer = invoke("garbage")
+        assert done.wait(15)
+    finally:
+        running.stop()
+    assert answer.status_code == 502, answer.text
+    assert answer.json()["error"]["code"] == "upstream_bad_response", answer.text
+    assert answer.json()["error"]["retryable"] is False
+    assert answer.elapsed.total_seconds() < 5  # at once, not at the deadline
+    assert closed == [1007]
