@@ -63,7 +63,7 @@ MAX_HEAD_BYTES = 64 * 1024
 # RFC 9112 3.2 / RFC 3986 3.2.2: uri-host [":" port], the host an IP literal in brackets,
 # or a reg-name (possibly empty). Anything else (a space, a path, a second authority)
 # is a 400: a name that a proxy in front and this server could read differently.
-_HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(?::[0-9]{0,5})?")
+_HOST = re.compile(rb"(?:\[[0-9A-Za-z:.%\-_~]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(?::[0-9]{0,5})?")
 
 
 def _closing_reply(status: bytes, code: str, message: str, extra: bytes = b"") -> bytes:
