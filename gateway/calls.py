@@ -81,6 +81,8 @@ class CallContext:
     # agent (``gateway.usage_spool``): what it is metered if this process dies first.
     event_id: str | None = None
     spooled: Any = None
+    # Its final usage event is written (before its reply went out, or at its end).
+    finished: bool = False
     # Tracing (gateway.tracing): the caller's W3C trace headers, and while tracing is on
     # the call's span and its current attempt's.
     traceparent: str | None = None

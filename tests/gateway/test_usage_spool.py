@@ -221,6 +221,65 @@ def test_calls_at_their_agents_when_a_gateway_is_killed_are_metered_as_lost(
                for e in events.values())
 
 
+@needs_redis
+def test_a_call_answered_while_its_settlement_waits_is_metered_as_answered(
+        gateway, tmp_path):
+    """helper-54: of 100 calls answered 200 before a gateway worker was killed, 30 to 70
+    were metered worker_lost (at no cost): the final usage event was written after the
+    reply, and after the budget settlement's round trip to Redis. Here Redis hangs once
+    the agent has the call: the caller gets its 200, the gateway is killed at once, and
+    the call is metered success (its event is on disk before its reply goes out)."""
+    from tenants.models import Quota
+
+    Quota.objects.create(tenant=gateway.tenant, monthly_requests=1_000_000)
+    run = uuid.uuid4().hex
+    request_id = f"settle-{run}"
+    with Forwarder.for_url(settings.REDIS_URL) as forwarder, doomed_gateway(
+            tmp_path, redis_url=forwarder.url(settings.REDIS_URL)) as (base, doomed), \
+            httpx.Client(base_url=base, timeout=30, headers={
+                "Authorization": f"Bearer {gateway.key}"}) as client, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client.post, "/v1/invoke", headers={"X-Request-ID": request_id},
+                             json={"capability": "slow.op", "input": {"run": run}})
+        wait_for(lambda: any(run in repr(e.get("body")) for e in gateway.seen()),
+                 timeout=20, interval=0.05, message="the call at its agent")
+        with forwarder.freeze():  # reserved already; the settlement will hang
+            assert answer.result(timeout=30).status_code == 200
+            kill(doomed)
+    with another_gateway(tmp_path, "successor"):
+        events = _shipped({request_id})
+    assert events[request_id]["outcome"] == "success", events
+
+
+@needs_redis
+def test_a_call_killed_while_its_budget_is_reserved_is_metered_as_lost(gateway, tmp_path):
+    """helper-54: a gateway killed while Redis was taking a call's reservation left a
+    reservation (lapsing as one request used) and no usage event: the budget counter
+    ran ahead of the usage report. A call's open line is on disk before its
+    reservation is asked for, so it is metered worker_lost."""
+    from tenants.models import Quota
+
+    Quota.objects.create(tenant=gateway.tenant, monthly_requests=1_000_000)
+    request_id = f"reserving-{uuid.uuid4().hex}"
+    with Forwarder.for_url(settings.REDIS_URL) as forwarder, doomed_gateway(
+            tmp_path, redis_url=forwarder.url(settings.REDIS_URL)) as (base, doomed), \
+            httpx.Client(base_url=base, timeout=30, headers={
+                "Authorization": f"Bearer {gateway.key}"}) as client, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with forwarder.freeze():  # the reservation hangs
+            sent = pool.submit(client.post, "/v1/invoke", headers={"X-Request-ID": request_id},
+                               json={"capability": "echo.all", "input": {}})
+            spool = tmp_path / "usage-spool"
+            wait_for(lambda: any(request_id in p.read_text() for p in spool.glob("*.jsonl")),
+                     timeout=20, interval=0.05, message="the call's open line")
+            kill(doomed)
+        with contextlib.suppress(httpx.TransportError):
+            sent.result(timeout=30)
+    with another_gateway(tmp_path, "successor"):
+        events = _shipped({request_id})
+    assert events[request_id]["outcome"] == "worker_lost", events
+
+
 def _shipped(wanted: set[str]) -> dict[str, dict]:
     """The usage events of those of ``wanted`` request ids that reached the Redis stream."""
     client = redis.Redis.from_url(settings.REDIS_URL)
