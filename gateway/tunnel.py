@@ -300,17 +300,18 @@ class TunnelConnection:
         """The agent sent what belongs to no call (a frame that is no JSON object): it
         does not speak the protocol, and every call on the tunnel fails as its bad
         response, at once rather than at its deadline."""
-        self.closed = True
-        streams, self.streams = list(self.streams.values()), {}
-        for stream in streams:
-            stream.fail(TunnelBadFrame(f"the agent's tunnel sent {what}"))
+        self._fail_all(lambda: TunnelBadFrame(f"the agent's tunnel sent {what}"))
 
     def lost(self) -> None:
         """The socket is gone: every call on it fails now (delivered: the agent had it)."""
+        self._fail_all(lambda: aiohttp.ServerDisconnectedError("the agent's tunnel closed"))
+
+    def _fail_all(self, error: Callable[[], Exception]) -> None:
+        """Closed, and each of its calls failed with an error of its own."""
         self.closed = True
         streams, self.streams = list(self.streams.values()), {}
         for stream in streams:
-            stream.fail(aiohttp.ServerDisconnectedError("the agent's tunnel closed"))
+            stream.fail(error())
 
 
 # ---- where tunnels are held ---------------------------------------------------------------

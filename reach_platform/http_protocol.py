@@ -212,11 +212,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         version gets 426 naming the one spoken)."""
         versions = [v.strip() for n, v in self.headers if n == b"sec-websocket-version"]
         if versions != [b"13"]:
-            self._refusal = _closing_reply(
-                b"426 Upgrade Required", "bad_request",
+            raise self._refused(
                 "Only WebSocket version 13 is spoken (one Sec-WebSocket-Version: 13).",
-                b"sec-websocket-version: 13\r\n")
-            raise ValueError("unsupported WebSocket version")
+                b"426 Upgrade Required", extra=b"sec-websocket-version: 13\r\n")
         if not _websocket_key_ok([v for n, v in self.headers if n == b"sec-websocket-key"]):
             raise self._refused("A WebSocket handshake needs one Sec-WebSocket-Key: 16 "
                                 "bytes in base64.")
@@ -320,10 +318,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(self._refusal or _closing_reply(b"400 Bad Request", "bad_request", msg))
 
     def _refused(self, message: str, status: bytes = b"400 Bad Request",
-                 code: str = "bad_request") -> ValueError:
+                 code: str = "bad_request", extra: bytes = b"") -> ValueError:
         """Refuse the head being parsed: raised from a parser callback, it ends the parse,
         and uvicorn answers with ``send_400_response`` — this reply."""
-        self._refusal = _closing_reply(status, code, message)
+        self._refusal = _closing_reply(status, code, message, extra)
         return ValueError(message)
 
     def _refuse(self, reply: bytes) -> None:

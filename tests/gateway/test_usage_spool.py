@@ -221,6 +221,22 @@ def test_calls_at_their_agents_when_a_gateway_is_killed_are_metered_as_lost(
                for e in events.values())
 
 
+@contextlib.contextmanager
+def _budgeted_behind_forwarder(gateway, tmp_path):
+    """A doomed gateway reaching Redis through a test-owned forwarder, its tenant under a
+    monthly budget (so every call reserves and settles in Redis): yields the forwarder,
+    the process, a client with the tenant's key and a one-thread pool to call from."""
+    from tenants.models import Quota
+
+    Quota.objects.create(tenant=gateway.tenant, monthly_requests=1_000_000)
+    with Forwarder.for_url(settings.REDIS_URL) as forwarder, doomed_gateway(
+            tmp_path, redis_url=forwarder.url(settings.REDIS_URL)) as (base, doomed), \
+            httpx.Client(base_url=base, timeout=30, headers={
+                "Authorization": f"Bearer {gateway.key}"}) as client, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield forwarder, doomed, client, pool
+
+
 @needs_redis
 def test_a_call_answered_while_its_settlement_waits_is_metered_as_answered(
         gateway, tmp_path):
@@ -229,16 +245,9 @@ def test_a_call_answered_while_its_settlement_waits_is_metered_as_answered(
     reply, and after the budget settlement's round trip to Redis. Here Redis hangs once
     the agent has the call: the caller gets its 200, the gateway is killed at once, and
     the call is metered success (its event is on disk before its reply goes out)."""
-    from tenants.models import Quota
-
-    Quota.objects.create(tenant=gateway.tenant, monthly_requests=1_000_000)
     run = uuid.uuid4().hex
     request_id = f"settle-{run}"
-    with Forwarder.for_url(settings.REDIS_URL) as forwarder, doomed_gateway(
-            tmp_path, redis_url=forwarder.url(settings.REDIS_URL)) as (base, doomed), \
-            httpx.Client(base_url=base, timeout=30, headers={
-                "Authorization": f"Bearer {gateway.key}"}) as client, \
-            concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with _budgeted_behind_forwarder(gateway, tmp_path) as (forwarder, doomed, client, pool):
         answer = pool.submit(client.post, "/v1/invoke", headers={"X-Request-ID": request_id},
                              json={"capability": "slow.op", "input": {"run": run}})
         wait_for(lambda: any(run in repr(e.get("body")) for e in gateway.seen()),
@@ -257,15 +266,8 @@ def test_a_call_killed_while_its_budget_is_reserved_is_metered_as_lost(gateway, 
     reservation (lapsing as one request used) and no usage event: the budget counter
     ran ahead of the usage report. A call's open line is on disk before its
     reservation is asked for, so it is metered worker_lost."""
-    from tenants.models import Quota
-
-    Quota.objects.create(tenant=gateway.tenant, monthly_requests=1_000_000)
     request_id = f"reserving-{uuid.uuid4().hex}"
-    with Forwarder.for_url(settings.REDIS_URL) as forwarder, doomed_gateway(
-            tmp_path, redis_url=forwarder.url(settings.REDIS_URL)) as (base, doomed), \
-            httpx.Client(base_url=base, timeout=30, headers={
-                "Authorization": f"Bearer {gateway.key}"}) as client, \
-            concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with _budgeted_behind_forwarder(gateway, tmp_path) as (forwarder, doomed, client, pool):
         with forwarder.freeze():  # the reservation hangs
             sent = pool.submit(client.post, "/v1/invoke", headers={"X-Request-ID": request_id},
                                json={"capability": "echo.all", "input": {}})

@@ -4,6 +4,7 @@ never the gateway (no 500) and never the tunnel's other calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import aiohttp
@@ -84,39 +85,49 @@ def _hostile_tunnel(base: str, token: str, instance: int, ready: threading.Event
 closed_ready = threading.Event()
 
 
-def test_protocol_breaches_fail_their_call_as_a_bad_response(platform):
-    agent = Agent("sdk-hostile", description="replaced by a hand-written tunnel client")
+@contextlib.contextmanager
+def _hand_written_tunnel(platform, name: str, capability: str, closed: list,
+                         oversize: threading.Event, done: threading.Event | None = None):
+    """An SDK agent offering ``capability`` whose tunnel is replaced by ``_hostile_tunnel``;
+    yields a caller of the capability (its ``mode``) once the tunnel is routable."""
+    agent = Agent(name, description="replaced by a hand-written tunnel client")
 
-    @agent.capability("hostile.call")
+    @agent.capability(capability)
     def call(input, ctx):
         return {"from": "the SDK"}
 
     running = agent.start(platform=platform.base, key=platform.manage_key, reach="tunnel",
                           heartbeat_s=1.0)
-    ready, oversize, closed = threading.Event(), threading.Event(), []
+    ready = threading.Event()
     try:
         assert running.tunnel.connected.wait(10)
         running._loop.call_soon_threadsafe(running.tunnel.stop)  # the SDK's tunnel leaves
         wait_for(lambda: not running.tunnel.connected.is_set(), timeout=10)
-        thread = threading.Thread(target=_hostile_tunnel, daemon=True, args=(
+        threading.Thread(target=_hostile_tunnel, daemon=True, args=(
             platform.base, running.registration.agent_token,
-            running.registration.instance_id, ready, closed, oversize))
-        thread.start()
+            running.registration.instance_id, ready, closed, oversize, done)).start()
         assert ready.wait(10)
         headers = {"Authorization": f"Bearer {platform.key}"}
 
         def invoke(mode: str) -> httpx.Response:
             return httpx.post(f"{platform.base}/v1/invoke", headers=headers, timeout=30,
-                              json={"capability": "hostile.call", "input": {"mode": mode}})
+                              json={"capability": capability, "input": {"mode": mode}})
         wait_for(lambda: invoke("ok").status_code == 200, timeout=15,
                  message="the hand-written tunnel to be routable")
+        yield invoke
+    finally:
+        oversize.set()
+        running.stop()
+
+
+def test_protocol_breaches_fail_their_call_as_a_bad_response(platform):
+    oversize, closed = threading.Event(), []
+    with _hand_written_tunnel(platform, "sdk-hostile", "hostile.call", closed,
+                              oversize) as invoke:
         answers = {mode: invoke(mode) for mode in ("status", "headers", "no-head", "flood")}
         after = invoke("ok")
         oversize.set()
         assert closed_ready.wait(15)
-    finally:
-        oversize.set()
-        running.stop()
 
     for mode, answer in answers.items():
         assert answer.status_code == 502, (mode, answer.text)
@@ -133,34 +144,11 @@ def test_a_frame_that_is_no_json_object_fails_the_tunnels_calls_at_once(platform
     """helper-53: a frame that is not JSON was skipped, its call left waiting; the agent
     does not speak the protocol: the tunnel is closed (1007) and its calls fail as the
     agent's bad response (not retryable), at once."""
-    agent = Agent("sdk-garbage", description="replaced by a hand-written tunnel client")
-
-    @agent.capability("garbage.call")
-    def call(input, ctx):
-        return {"from": "the SDK"}
-
-    running = agent.start(platform=platform.base, key=platform.manage_key, reach="tunnel",
-                          heartbeat_s=1.0)
-    ready, never, done, closed = threading.Event(), threading.Event(), threading.Event(), []
-    try:
-        assert running.tunnel.connected.wait(10)
-        running._loop.call_soon_threadsafe(running.tunnel.stop)
-        wait_for(lambda: not running.tunnel.connected.is_set(), timeout=10)
-        threading.Thread(target=_hostile_tunnel, daemon=True, args=(
-            platform.base, running.registration.agent_token,
-            running.registration.instance_id, ready, closed, never, done)).start()
-        assert ready.wait(10)
-        headers = {"Authorization": f"Bearer {platform.key}"}
-
-        def invoke(mode: str) -> httpx.Response:
-            return httpx.post(f"{platform.base}/v1/invoke", headers=headers, timeout=30,
-                              json={"capability": "garbage.call", "input": {"mode": mode}})
-        wait_for(lambda: invoke("ok").status_code == 200, timeout=15,
-                 message="the hand-written tunnel to be routable")
+    never, done, closed = threading.Event(), threading.Event(), []
+    with _hand_written_tunnel(platform, "sdk-garbage", "garbage.call", closed, never,
+                              done) as invoke:
         answer = invoke("garbage")
         assert done.wait(15)
-    finally:
-        running.stop()
     assert answer.status_code == 502, answer.text
     assert answer.json()["error"]["code"] == "upstream_bad_response", answer.text
     assert answer.json()["error"]["retryable"] is False
